@@ -1,0 +1,25 @@
+"""`lpx`: the operator CLI of loraplex.
+
+Each command group lives in its own module and registers itself here; modules import their heavy
+dependencies lazily so that `lpx --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from libs.cli import model, plan, simulate, stack
+
+app = typer.Typer(
+    name="lpx",
+    help="loraplex: serve thousands of per-tenant LoRA adapters on one shared base model.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+for module in (stack, model, plan, simulate):
+    module.register(app)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,7 @@
+"""`lpx model ...` placeholder (filled in below)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

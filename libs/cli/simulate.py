@@ -1,0 +1,7 @@
+"""`lpx simulate` (placeholder until the capacity-planner issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

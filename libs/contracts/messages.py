@@ -1,0 +1,227 @@
+"""Typed messages. Every message carries `schema_version`; a consumer refuses versions it does not
+know (the message goes to the dead-letter subject with the reason) instead of guessing.
+
+Adapter identity is the content digest (sha256 of the version's files). Names and aliases never
+appear where a cache key or an applied-adapter check is needed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Message",
+    "AdapterRef",
+    "SamplingParams",
+    "ChatMessage",
+    "InferenceRequest",
+    "TokenDelta",
+    "Timings",
+    "ErrorInfo",
+    "InferenceResult",
+    "AdapterTier",
+    "WorkerHeartbeat",
+    "AdapterEventKind",
+    "AdapterEvent",
+    "EvaluationResult",
+    "ResolveRequest",
+    "ResolveReply",
+    "TrainJob",
+    "TrainProgress",
+    "DeadLetter",
+    "new_id",
+]
+
+SCHEMA_VERSION = 1
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+class AdapterRef(BaseModel):
+    """What a worker needs to fetch, verify and apply one immutable adapter version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    object_key: str
+    base_model: str
+    rank: int = Field(gt=0)
+    size_bytes: int = Field(ge=0, default=0)
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=128, ge=1, le=8192)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, max_length=8)
+    seed: int | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class InferenceRequest(Message):
+    """Routed work: gateway -> worker on `subjects.infer(pool, worker, adapter)`."""
+
+    request_id: str = Field(pattern=ID_PATTERN)
+    tenant_id: str
+    base_model: str
+    adapter: AdapterRef | None = None  # None means the caller asked for the base model itself
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stream: bool = False
+    deadline: float | None = None  # unix seconds; past it the worker answers with a deadline error
+    submitted_at: float = Field(default_factory=time.time)
+
+
+class TokenDelta(Message):
+    request_id: str
+    index: int
+    text: str
+
+
+class Timings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue_s: float = 0.0
+    adapter_load_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str  # machine-readable: adapter_unavailable, digest_mismatch, deadline, bad_request, ...
+    message: str
+
+
+class AdapterTier(StrEnum):
+    """Where an adapter was found when a request needed it (hot to cold)."""
+
+    GPU = "gpu"  # already in an engine slot
+    CPU = "cpu"  # in the engine's host-RAM LoRA cache
+    DISK = "disk"  # in the worker's local content-addressed disk cache
+    OBJECT_STORE = "object_store"  # fetched from S3
+    NONE = "none"  # base-model request
+
+
+class InferenceResult(Message):
+    request_id: str
+    worker_id: str
+    ok: bool
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    adapter_digest_applied: str | None = None
+    adapter_tier: AdapterTier = AdapterTier.NONE
+    timings: Timings = Field(default_factory=Timings)
+    error: ErrorInfo | None = None
+
+
+class WorkerHeartbeat(Message):
+    worker_id: str
+    pool: str
+    base_model: str
+    max_rank: int
+    capacity: int
+    in_flight: int
+    adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
+    ts: float = Field(default_factory=time.time)
+
+
+class AdapterEventKind(StrEnum):
+    REGISTERED = "registered"
+    EVALUATING = "evaluating"
+    ACTIVATED = "activated"
+    REJECTED = "rejected"
+    RETIRED = "retired"
+    ALIAS_MOVED = "alias_moved"
+
+
+class AdapterEvent(Message):
+    event_id: str = Field(default_factory=new_id)
+    kind: AdapterEventKind
+    tenant: str
+    adapter: str
+    digest: str | None = None
+    alias: str | None = None
+    base_model: str | None = None
+    detail: str = ""
+    ts: float = Field(default_factory=time.time)
+
+
+class EvaluationResult(Message):
+    event_id: str = Field(default_factory=new_id)
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    passed: bool
+    reason: str = ""
+    report: dict = Field(default_factory=dict)
+
+
+class ResolveRequest(Message):
+    tenant: str
+    alias: str
+
+
+class ResolveReply(Message):
+    found: bool
+    adapter: AdapterRef | None = None
+    error: str = ""
+
+
+class TrainJob(Message):
+    job_id: str = Field(default_factory=new_id, pattern=ID_PATTERN)
+    tenant: str
+    adapter: str
+    dataset_id: str
+    base_model: str
+    rank: int = 16
+    alpha: int = 32
+    target_modules: list[str] = Field(default_factory=list)
+    steps: int = 30
+    seed: int = 0
+
+
+class TrainProgress(Message):
+    job_id: str
+    step: int
+    total_steps: int
+    loss: float | None = None
+    done: bool = False
+    error: str | None = None
+
+
+class DeadLetter(Message):
+    """A message a service could not process, kept with the reason (nothing is dropped silently)."""
+
+    service: str
+    original_subject: str
+    reason: str
+    payload: str  # original bytes, decoded as UTF-8 with replacement
+    headers: dict[str, str] = Field(default_factory=dict)
+    ts: float = Field(default_factory=time.time)

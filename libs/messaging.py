@@ -1,0 +1,72 @@
+"""NATS plumbing shared by the services: stream provisioning, a FastStream broker with tracing,
+and the dead-letter path for messages that cannot be processed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+import nats
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+from pydantic import BaseModel
+
+from libs.contracts import DeadLetter, subjects
+from libs.contracts.subjects import StreamSpec
+
+log = logging.getLogger(__name__)
+
+_RETENTION = {"limits": RetentionPolicy.LIMITS, "workqueue": RetentionPolicy.WORK_QUEUE,
+              "interest": RetentionPolicy.INTEREST}  # fmt: skip
+
+
+def stream_config(spec: StreamSpec) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        description=spec.description or None,
+        subjects=list(spec.subjects),
+        retention=_RETENTION[spec.retention],
+        storage=StorageType.FILE,
+        max_age=spec.max_age_s or None,
+        duplicate_window=spec.duplicate_window_s,
+    )
+
+
+async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS) -> None:
+    """Create missing streams and bring existing ones to the declared config (idempotent)."""
+    nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        for spec in specs:
+            config = stream_config(spec)
+            try:
+                await js.stream_info(spec.name)
+                await js.update_stream(config)
+            except NotFoundError:
+                await js.add_stream(config)
+            except BadRequestError as exc:  # e.g. retention cannot change on a live stream
+                log.warning("stream %s kept its existing config: %s", spec.name, exc)
+    finally:
+        await nc.drain()
+
+
+def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provider=None, **kwargs):
+    """A FastStream NATS broker with OpenTelemetry tracing (trace context rides in headers)."""
+    from faststream.nats import NatsBroker
+    from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+
+    middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return NatsBroker(nats_url, middlewares=(middleware,), client_name=f"lpx-{service}", **kwargs)
+
+
+def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,
+                headers: Mapping[str, str] | None = None) -> DeadLetter:
+    """The dead-letter record for a message that could not be processed, reason included."""
+    if isinstance(payload, BaseModel):
+        text = payload.model_dump_json()
+    elif isinstance(payload, bytes):
+        text = payload.decode("utf-8", errors="replace")
+    else:
+        text = payload
+    return DeadLetter(service=service, original_subject=subject, reason=reason, payload=text,
+                      headers={k: str(v) for k, v in (headers or {}).items()})  # fmt: skip

@@ -1,0 +1,57 @@
+"""Settings shared by every service: connection endpoints plus a base class for per-service settings.
+
+Precedence (highest first): real environment variables, the stack env file (`lpx stack up` writes it),
+field defaults. Each service declares one subclass of `ServiceSettings` with its own env prefix,
+e.g. `LPX_GATEWAY_`; connection endpoints are common to all and use the plain `LPX_` prefix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from libs.paths import stack_env_file
+
+
+class ConnectionSettings(BaseSettings):
+    """Where the platform's servers are: NATS, PostgreSQL, the S3 store."""
+
+    model_config = SettingsConfigDict(env_prefix="LPX_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    pg_dsn: str = "postgresql+asyncpg://loraplex:loraplex@127.0.0.1:5432/loraplex"
+    s3_endpoint: str = "127.0.0.1:9000"
+    s3_access_key: str = "loraplex"
+    s3_secret_key: str = "loraplex-secret"
+    s3_bucket: str = "loraplex-adapters"
+    s3_secure: bool = False
+    s3_region: str = "us-east-1"
+
+    @classmethod
+    def load(cls, env_file: Path | None = None) -> Self:
+        return cls(_env_file=_existing(env_file or stack_env_file()))
+
+
+class ServiceSettings(BaseSettings):
+    """Base for one service's settings. Subclasses set `model_config` with their own env prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="LPX_SERVICE_", extra="ignore")
+
+    log_level: str = "INFO"
+    log_format: str = Field("console", description="console (human) or json (one object per line)")
+    # Prometheus scrape port for this process; 0 disables the exporter.
+    metrics_port: int = 0
+    connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+
+    @classmethod
+    def load(cls, env_file: Path | None = None, **overrides) -> Self:
+        path = _existing(env_file or stack_env_file())
+        overrides.setdefault("connections", ConnectionSettings(_env_file=path))
+        return cls(_env_file=path, **overrides)
+
+
+def _existing(path: Path) -> Path | None:
+    return path if path.is_file() else None

@@ -1,0 +1,89 @@
+"""Simulation inputs. Defaults are the reference deployment of BRIEF.md section 2."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from functools import cached_property
+
+from libs.lora.sizing import lora_size
+from libs.models.catalog import LLAMA_31_8B
+from libs.routing import DEFAULT_BALANCE_FACTOR, DEFAULT_HOT_THRESHOLD, DEFAULT_MAX_SPREAD, DEFAULT_VNODES
+
+GB = 1e9
+
+
+def reference_adapter_bytes() -> int:
+    """Rank 16 on all seven projections of Llama-3.1-8B in bf16, from the shapes."""
+    return lora_size(LLAMA_31_8B, 16, "all").bytes
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    # Traffic: Zipf over `adapters` with the top `top_k` carrying `top_share`; Poisson arrivals.
+    adapters: int = 2000
+    top_k: int = 100
+    top_share: float = 0.80
+    requests_per_s: float = 500.0
+    duration_s: float = 600.0  # the measured window
+    warmup_s: float = 60.0  # simulated before the window (caches fill), not measured
+    output_tokens: int = 300
+    # Cluster.
+    replicas: int = 40
+    engine_slots: int = 100  # GPU LoRA slots per replica (vLLM max_loras): the hot set
+    host_ram_gb: float = 256.0  # host RAM per replica for the adapter cache
+    host_cache_adapters: int | None = None  # None: as many adapters as fit `host_ram_gb`
+    adapter_bytes: int | None = None  # None: the reference adapter's size from its shapes
+    # Service model: a replica decodes `max_running` sequences at once and `tok_s_per_replica` in total
+    # when every sequence in the batch uses a different adapter (the measured figure, LoRA overhead in);
+    # a batch with fewer distinct adapters runs up to `mixed_adapter_overhead` faster.
+    tok_s_per_replica: float = 5000.0
+    max_running: int = 64
+    mixed_adapter_overhead: float = 0.10
+    # Tier latencies.
+    host_to_gpu_gb_s: float = 25.0
+    fetch_s_min: float = 0.5
+    fetch_s_max: float = 1.5
+    # Bounded-load router.
+    balance_factor: float = DEFAULT_BALANCE_FACTOR
+    vnodes: int = DEFAULT_VNODES
+    hot_threshold: int = DEFAULT_HOT_THRESHOLD
+    max_spread: int = DEFAULT_MAX_SPREAD
+    # Cold-start storm after a deploy: every cache empty, measured over the first `storm_window_s`.
+    storm_window_s: float = 60.0
+    prewarm_top: int = 100
+    sample_interval_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.engine_slots < 1 or self.max_running < 1:
+            raise ValueError("replicas, engine_slots and max_running must be >= 1")
+        if self.requests_per_s <= 0 or self.duration_s <= 0 or self.warmup_s < 0:
+            raise ValueError("requests_per_s and duration_s must be > 0, warmup_s >= 0")
+        if self.fetch_s_min > self.fetch_s_max:
+            raise ValueError("fetch_s_min must be <= fetch_s_max")
+
+    def with_changes(self, **changes: object) -> SimConfig:
+        return replace(self, **changes)
+
+    @cached_property
+    def adapter_size(self) -> int:
+        return self.adapter_bytes or reference_adapter_bytes()
+
+    @property
+    def host_capacity(self) -> int:
+        if self.host_cache_adapters is not None:
+            return self.host_cache_adapters
+        return max(1, int(self.host_ram_gb * GB // self.adapter_size))
+
+    @property
+    def copy_s(self) -> float:
+        return self.adapter_size / (self.host_to_gpu_gb_s * GB)
+
+    @property
+    def per_sequence_tok_s(self) -> float:
+        return self.tok_s_per_replica / self.max_running
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(adapter_size=self.adapter_size, host_capacity=self.host_capacity, copy_s=self.copy_s)
+        return data

@@ -1,0 +1,246 @@
+"""Start, inspect and stop the local stack.
+
+State lives in one directory (default `$LPX_HOME/stack`): `stack.json` (ports, generated credentials,
+pids), `stack.env` (what clients read), and one sub-directory per server with its data and log.
+Every pid is recorded the moment its process starts, so `down` can clean up even after `up` was
+killed with SIGKILL; an `up` interrupted by a signal stops what it started before exiting.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from libs.contracts.subjects import STREAMS
+from libs.paths import stack_dir
+from libs.stack import procs
+from libs.stack.servers import PORT_NAMES, SERVER_CLASSES, Server, ServerContext, StackError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Stack", "StackConfig", "StackError", "ServerStatus"]
+
+
+class StackConfig(BaseSettings):
+    """`LPX_STACK_*` settings. Ports default to free ones, chosen once and kept in stack.json."""
+
+    model_config = SettingsConfigDict(env_prefix="LPX_STACK_", extra="ignore")
+
+    dir: Path = Field(default_factory=stack_dir)
+    nats_port: int = 0
+    nats_monitor_port: int = 0
+    postgres_port: int = 0
+    s3_port: int = 0
+    bucket: str = "loraplex-adapters"
+    start_timeout_s: float = 60.0
+
+    def requested_ports(self) -> dict[str, int]:
+        wanted = {"nats": self.nats_port, "nats_monitor": self.nats_monitor_port,
+                  "postgres": self.postgres_port, "s3": self.s3_port}  # fmt: skip
+        return {name: port for name, port in wanted.items() if port}
+
+
+@dataclass
+class ServerStatus:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    endpoint: str
+    log: Path
+
+
+@dataclass
+class _State:
+    ports: dict[str, int]
+    secrets: dict[str, str]
+    bucket: str
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls, config: StackConfig) -> _State:
+        names = [n for group in PORT_NAMES.values() for n in group]
+        ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
+        ports.update(config.requested_ports())
+        creds = {
+            "pg_password": secrets.token_urlsafe(18),
+            "s3_access_key": "lpx" + secrets.token_hex(8),
+            "s3_secret_key": secrets.token_urlsafe(24),
+        }
+        return cls(ports=ports, secrets=creds, bucket=config.bucket)
+
+
+class Stack:
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig()
+        self.dir = self.config.dir.expanduser().resolve()
+        self.state_file = self.dir / "stack.json"
+        self.env_file = self.dir / "stack.env"
+
+    # --- public API ----------------------------------------------------------------------------
+    def up(self, on_event: Callable[[str], None] = lambda msg: None) -> dict[str, str]:
+        """Start whatever is not running, wait until all are healthy, write the env file.
+        Returns the client settings (also written to `stack.env`)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            state = self._load_state() or _State.fresh(self.config)
+            state.ports.update(self.config.requested_ports())
+            servers = self._servers(state)
+            started: list[Server] = []
+            try:
+                for server in servers:
+                    if procs.is_ours(state.pids.get(server.name), server.executable) and server.healthy():
+                        on_event(f"{server.name}: already running (pid {state.pids[server.name]})")
+                        continue
+                    self._start(server, state)
+                    started.append(server)
+                    on_event(f"{server.name}: started (pid {state.pids[server.name]}), log {server.log_path}")
+                self._wait_healthy(servers, state, on_event)
+                for server in servers:
+                    server.after_healthy()
+                self._ensure_streams(state)
+            except BaseException:
+                # Interrupted or failed: leave nothing running that this call started.
+                for server in reversed(started):
+                    self._stop(server, state)
+                self._save_state(state)
+                raise
+            env = self._client_env(servers)
+            self._write_env(env)
+            return env
+
+    def status(self) -> list[ServerStatus]:
+        state = self._load_state()
+        if state is None:
+            return []
+        result = []
+        for server in self._servers(state):
+            pid = state.pids.get(server.name)
+            running = procs.is_ours(pid, server.executable)
+            result.append(ServerStatus(server.name, pid if running else None, running,
+                                       running and server.healthy(), _mask(server.endpoint()), server.log_path))
+        return result
+
+    def down(self, on_event: Callable[[str], None] = lambda msg: None) -> None:
+        """Stop every server this stack started. Data stays (a later `up` reuses it)."""
+        state = self._load_state()
+        if state is None:
+            return
+        with self._lock():
+            for server in reversed(self._servers(state)):
+                pid = state.pids.get(server.name)
+                if pid:
+                    self._stop(server, state)
+                    on_event(f"{server.name}: stopped (pid {pid})")
+            self._save_state(state)
+            self.env_file.unlink(missing_ok=True)
+
+    def purge(self) -> None:
+        """Stop everything and delete the state dir (data included)."""
+        import shutil
+
+        self.down()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _servers(self, state: _State) -> list[Server]:
+        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket)
+        return [cls(ctx) for cls in SERVER_CLASSES]
+
+    def _start(self, server: Server, state: _State) -> None:
+        server.prepare()
+        with open(server.log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                server.command(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=server.env(), user=server.run_as(), start_new_session=True, cwd=server.dir,
+            )  # fmt: skip
+        state.pids[server.name] = proc.pid
+        self._save_state(state)  # recorded before anything else can go wrong
+
+    def _stop(self, server: Server, state: _State) -> None:
+        pid = state.pids.pop(server.name, None)
+        if pid and procs.is_ours(pid, server.executable):
+            procs.terminate(pid, server.stop_signal)
+        server.after_stop()
+
+    def _wait_healthy(self, servers: list[Server], state: _State, on_event) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        pending = {s.name: s for s in servers}
+        while pending:
+            for name, server in list(pending.items()):
+                if not procs.is_ours(state.pids.get(name), server.executable):
+                    tail = _tail(server.log_path)
+                    raise StackError(f"{name} exited during start-up; see {server.log_path}:\n{tail}")
+                if server.healthy():
+                    on_event(f"{name}: healthy at {server.endpoint()}")
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(pending)
+                raise StackError(f"not healthy after {self.config.start_timeout_s:.0f}s: {names}")
+            time.sleep(0.1)
+
+    def _ensure_streams(self, state: _State) -> None:
+        import asyncio
+
+        from libs.messaging import ensure_streams
+
+        asyncio.run(ensure_streams(f"nats://127.0.0.1:{state.ports['nats']}", STREAMS))
+
+    def _client_env(self, servers: list[Server]) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for server in servers:
+            env.update(server.client_env())
+        return env
+
+    def _write_env(self, env: dict[str, str]) -> None:
+        body = "# written by `lpx stack up`; removed by `lpx stack down`\n"
+        body += "".join(f"{key}={value}\n" for key, value in env.items())
+        tmp = self.env_file.with_suffix(".tmp")
+        tmp.write_text(body)
+        os.chmod(tmp, 0o600)
+        tmp.replace(self.env_file)
+
+    def _load_state(self) -> _State | None:
+        if not self.state_file.exists():
+            return None
+        return _State(**json.loads(self.state_file.read_text()))
+
+    def _save_state(self, state: _State) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state.__dict__, indent=2))
+        os.chmod(tmp, 0o600)
+        tmp.replace(self.state_file)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        with open(self.dir / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _mask(endpoint: str) -> str:
+    """Hide the password in a DSN for display."""
+    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", endpoint)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
