@@ -56,7 +56,7 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
     middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    return NatsBroker(nats_url, middlewares=(middleware,), client_name=f"lpx-{service}", **kwargs)
+    return NatsBroker(nats_url, middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
 def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,

@@ -1,7 +1,75 @@
-"""`lpx model ...` placeholder (filled in below)."""
+"""`lpx model fetch|list|verify`: the base-model catalogue and local bootstrap."""
+
+from __future__ import annotations
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+model_app = typer.Typer(help="Base models: the catalogue, and fetching the local dev base (SmolLM2-135M).")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(model_app, name="model")
+
+
+@model_app.command("list")
+def list_models() -> None:
+    """The catalogue: every known base with its shapes and where its weights come from."""
+    from libs.models import CATALOG
+    from libs.models.bootstrap import model_path
+
+    table = Table(title="base-model catalogue")
+    for col in ("name", "architecture", "layers", "hidden", "kv dim", "mlp", "vocab", "source", "local"):
+        table.add_column(col)
+    for spec in CATALOG.values():
+        local = model_path(spec.name)
+        table.add_row(spec.name, spec.architecture, str(spec.num_layers), str(spec.hidden_size), str(spec.kv_dim),
+                      str(spec.intermediate_size), str(spec.vocab_size), spec.source,
+                      str(local) if local.exists() else "-")  # fmt: skip
+    Console().print(table)
+
+
+@model_app.command()
+def fetch(
+    name: str = typer.Argument("smollm2-135m", help="catalogue name (see `lpx model list`)"),
+    force: bool = typer.Option(False, help="convert again even if a verified copy exists"),
+    smoke: bool = typer.Option(True, help="load the checkpoint and generate a few tokens as a check"),
+) -> None:
+    """Download, convert once and verify a base model into $LPX_HOME/models/NAME (idempotent)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from libs.models.bootstrap import ModelFetchError, smoke_generate
+    from libs.models.bootstrap import fetch as do_fetch
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(f"{name}: starting", total=1.0)
+
+        def report(stage: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=f"{name}: {stage}")
+
+        try:
+            fetched = do_fetch(name, force=force, progress=report)
+        except (ModelFetchError, KeyError) as exc:
+            console.print(f"[red]fetch failed:[/red] {exc}")
+            raise typer.Exit(1) from None
+    console.print(f"{name} at [bold]{fetched.path}[/bold] (weights sha256 {fetched.weights_sha256[:16]}...)")
+    if smoke:
+        with console.status("smoke test: loading with transformers and generating..."):
+            answer = smoke_generate(fetched.path)
+        console.print(f"smoke test answer: {answer!r}")
+
+
+@model_app.command()
+def verify(name: str = typer.Argument("smollm2-135m")) -> None:
+    """Check a fetched model's weights against the checksum in its manifest."""
+    from libs.models.bootstrap import ModelFetchError
+    from libs.models.bootstrap import verify as do_verify
+
+    try:
+        fetched = do_verify(name)
+    except ModelFetchError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"{name}: ok ({fetched.path})")

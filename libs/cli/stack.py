@@ -60,7 +60,9 @@ def status() -> None:
 
 
 @stack_app.command()
-def down(purge: bool = typer.Option(False, "--purge", help="Also delete all data (databases, objects, streams).")) -> None:
+def down(
+    purge: bool = typer.Option(False, "--purge", help="Also delete all data (databases, objects, streams)."),
+) -> None:
     """Stop every server the stack started (tracked by pid). Data is kept unless --purge."""
     stack = _stack()
     stack.down(on_event=lambda msg: console.log(msg))
@@ -76,7 +78,8 @@ def env() -> None:
     if not stack.env_file.exists():
         console.print("[red]the stack is not up[/red] (run `lpx stack up`)")
         raise typer.Exit(1)
-    sys.stdout.write("".join(l for l in stack.env_file.read_text().splitlines(True) if not l.startswith("#")))
+    lines = stack.env_file.read_text().splitlines(True)
+    sys.stdout.write("".join(line for line in lines if not line.startswith("#")))
 
 
 def _print_status(stack) -> bool:
@@ -85,7 +88,10 @@ def _print_status(stack) -> bool:
     for col in ("server", "pid", "state", "endpoint", "log"):
         table.add_column(col)
     for row in rows:
-        state = "[green]healthy[/green]" if row.healthy else ("[yellow]unhealthy[/yellow]" if row.running else "[red]stopped[/red]")
+        if row.healthy:
+            state = "[green]healthy[/green]"
+        else:
+            state = "[yellow]unhealthy[/yellow]" if row.running else "[red]stopped[/red]"
         table.add_row(row.name, str(row.pid or "-"), state, row.endpoint, str(row.log))
     Console().print(table if rows else "no stack state: run `lpx stack up`")
     return bool(rows) and all(r.healthy for r in rows)

@@ -44,13 +44,13 @@ DLQ_ALL = f"{PREFIX}.dlq.>"
 # --- key-value buckets -------------------------------------------------------------------------
 HEARTBEAT_BUCKET = "lpx_workers"
 
-_TOKEN_OK = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN_OK = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def token(value: str) -> str:
     """One subject token from an id. Ids are validated upstream; this refuses anything that would
     change the subject's shape (dots, wildcards, whitespace) instead of silently rewriting it."""
-    if not _TOKEN_OK.match(value):
+    if not _TOKEN_OK.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid subject token (letters, digits, '_' and '-' only)")
     return value
 

@@ -47,11 +47,17 @@ class PlanInputs:
 
     def __post_init__(self) -> None:
         positive = {
-            "rank": self.rank, "adapters": self.adapters, "top_k": self.top_k,
-            "requests_per_s": self.requests_per_s, "output_tokens": self.output_tokens,
-            "tok_s_per_gpu": self.tok_s_per_gpu, "hot_adapters_per_gpu": self.hot_adapters_per_gpu,
-            "gpu_memory_gb": self.gpu_memory_gb, "host_to_gpu_gb_s": self.host_to_gpu_gb_s,
-            "nvme_gb_s": self.nvme_gb_s, "host_ram_gb": self.host_ram_gb,
+            "rank": self.rank,
+            "adapters": self.adapters,
+            "top_k": self.top_k,
+            "requests_per_s": self.requests_per_s,
+            "output_tokens": self.output_tokens,
+            "tok_s_per_gpu": self.tok_s_per_gpu,
+            "hot_adapters_per_gpu": self.hot_adapters_per_gpu,
+            "gpu_memory_gb": self.gpu_memory_gb,
+            "host_to_gpu_gb_s": self.host_to_gpu_gb_s,
+            "nvme_gb_s": self.nvme_gb_s,
+            "host_ram_gb": self.host_ram_gb,
         }
         bad = [name for name, value in positive.items() if value <= 0]
         if bad:
@@ -81,7 +87,9 @@ def load_base(base: str) -> tuple[BaseModelSpec, bool]:
 
     path = Path(base)
     if not path.is_file():
-        raise ValueError(f"{base!r} is neither a known base model ({', '.join(sorted(CATALOG))}) nor a config.json")
+        raise ValueError(
+            f"{base!r} is neither a known base model ({', '.join(sorted(CATALOG))}) nor a config.json"
+        )
     config = json.loads(path.read_text())
     return BaseModelSpec.from_hf_config(config, name=path.parent.name or path.stem), bool(
         config.get("tie_word_embeddings", False)

@@ -1,4 +1,4 @@
-"""Adapter-affinity routing: pure functions and small classes, no I/O (shared by the gateway and simulator)."""
+"""Adapter-affinity routing: pure functions and small classes, no I/O (shared by gateway and simulator)."""
 
 from libs.routing.bounded_load import (
     DEFAULT_BALANCE_FACTOR,

@@ -135,7 +135,9 @@ class BoundedLoadPolicy:
         hot_threshold: int = DEFAULT_HOT_THRESHOLD,
         max_spread: int = DEFAULT_MAX_SPREAD,
     ) -> None:
-        self.router = BoundedLoadRouter(c=c, vnodes=vnodes, hot_threshold=hot_threshold, max_spread=max_spread)
+        self.router = BoundedLoadRouter(
+            c=c, vnodes=vnodes, hot_threshold=hot_threshold, max_spread=max_spread
+        )
         self.stats = RoutingStats()
 
     def set_workers(self, ids: Sequence[str]) -> None:
@@ -161,9 +163,10 @@ class GieLoraAffinityPolicy(_WorkerList):
       * .../scorer/kvcache_utilization.go: 1 - KV-cache utilisation;
       * .../picker/max_score_picker.go: highest weighted sum wins, ties broken at random;
       * the config loader's DefaultScorerWeight = 1 for scorers listed without a weight.
-    Simplified: the simulator has no KV-cache model, so KV utilisation is approximated by running / max_running;
-    metrics are read fresh for every request (the real EPP scrapes them every ~50 ms, which is staler);
-    the prefix-cache scorer is left out (no prompts in the simulation); no saturation-based shedding.
+    Simplified: the simulator has no KV-cache model, so KV utilisation is approximated by
+    running / max_running; metrics are read fresh for every request (the real EPP scrapes them about
+    every 50 ms, which is staler); the prefix-cache scorer is left out (no prompts in the simulation);
+    no saturation-based shedding.
     """
 
     name = "gie_lora_affinity"
@@ -197,7 +200,9 @@ class GieLoraAffinityPolicy(_WorkerList):
         for worker, queue in zip(workers, queues, strict=True):
             queue_score = 1.0 if spread == 0 else (high - queue) / spread
             kv_score = 1.0 - min(1.0, view.running(worker) / view.max_running)
-            score = w_queue * queue_score + w_kv * kv_score + w_lora * self.lora_score(adapter_id, worker, view)
+            score = (
+                w_queue * queue_score + w_kv * kv_score + w_lora * self.lora_score(adapter_id, worker, view)
+            )
             if score > best_score + 1e-12:
                 best_score, best = score, [worker]
             elif score > best_score - 1e-12:
@@ -287,8 +292,9 @@ def make_policy(
         "random": lambda: RandomPolicy(rng),
         "least_loaded": lambda: LeastLoadedPolicy(rng),
         "consistent_hash": lambda: ConsistentHashPolicy(vnodes=vnodes),
-        "bounded_load": lambda: BoundedLoadPolicy(c=c, vnodes=vnodes, hot_threshold=hot_threshold,
-                                                  max_spread=max_spread),
+        "bounded_load": lambda: BoundedLoadPolicy(
+            c=c, vnodes=vnodes, hot_threshold=hot_threshold, max_spread=max_spread
+        ),
         "gie_lora_affinity": lambda: GieLoraAffinityPolicy(rng),
         "ray_multiplex": lambda: RayMultiplexPolicy(rng),
     }

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from libs.contracts.subjects import STREAMS
 from libs.paths import stack_dir
 from libs.stack import procs
-from libs.stack.servers import PORT_NAMES, SERVER_CLASSES, Server, ServerContext, StackError
+from libs.stack.servers import PORT_NAMES, SERVER_CLASSES, Server, ServerContext, StackError, postgres_dir
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class _State:
     secrets: dict[str, str]
     bucket: str
     pids: dict[str, int] = field(default_factory=dict)
+    dirs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, config: StackConfig) -> _State:
@@ -80,7 +81,8 @@ class _State:
             "s3_access_key": "lpx" + secrets.token_hex(8),
             "s3_secret_key": secrets.token_urlsafe(24),
         }
-        return cls(ports=ports, secrets=creds, bucket=config.bucket)
+        dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve()))}
+        return cls(ports=ports, secrets=creds, bucket=config.bucket, dirs=dirs)
 
 
 class Stack:
@@ -152,12 +154,17 @@ class Stack:
         """Stop everything and delete the state dir (data included)."""
         import shutil
 
+        state = self._load_state()
         self.down()
+        for path in (state.dirs.values() if state else ()):
+            shutil.rmtree(path, ignore_errors=True)
+            if Path(path).parent.name.startswith("loraplex-stack-"):
+                shutil.rmtree(Path(path).parent, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # --- internals -----------------------------------------------------------------------------
     def _servers(self, state: _State) -> list[Server]:
-        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket)
+        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket, state.dirs)
         return [cls(ctx) for cls in SERVER_CLASSES]
 
     def _start(self, server: Server, state: _State) -> None:
@@ -185,7 +192,7 @@ class Stack:
                     tail = _tail(server.log_path)
                     raise StackError(f"{name} exited during start-up; see {server.log_path}:\n{tail}")
                 if server.healthy():
-                    on_event(f"{name}: healthy at {server.endpoint()}")
+                    on_event(f"{name}: healthy at {_mask(server.endpoint())}")
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 names = ", ".join(pending)

@@ -4,6 +4,7 @@ starts it, how to tell it is healthy, what to do once it is, and the settings cl
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import pwd
@@ -11,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ class ServerContext:
     ports: dict[str, int]
     secrets: dict[str, str]
     bucket: str
+    dirs: dict[str, str] = field(default_factory=dict)  # per-server dir overrides (see postgres_dir)
 
 
 class Server:
@@ -35,7 +37,7 @@ class Server:
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
-        self.dir = ctx.state_dir / self.name
+        self.dir = Path(ctx.dirs[self.name]) if self.name in ctx.dirs else ctx.state_dir / self.name
         self.log_path = self.dir / f"{self.name}.log"
 
     # --- lifecycle hooks ---------------------------------------------------------------------
@@ -149,7 +151,7 @@ class PostgresServer(Server):
         return "postgres" if os.geteuid() == 0 else None
 
     def prepare(self) -> None:
-        super().prepare()
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.sockets.mkdir(exist_ok=True)
         owner = self.run_as()
         if owner:
@@ -214,18 +216,37 @@ class PostgresServer(Server):
         return {"LPX_PG_DSN": self.endpoint()}
 
 
-def _check_reachable_by(path: Path, user: str) -> None:
-    """Every ancestor must be traversable by `user`, or PostgreSQL cannot open its data dir."""
+def postgres_dir(state_dir: Path) -> Path:
+    """Where PostgreSQL keeps its data: inside the state dir when the server's user can reach it.
+
+    As root, PostgreSQL runs as `postgres`, which cannot enter e.g. a checkout under /root (mode 700).
+    Then its data goes to a directory named after the state dir under /var/tmp; stack.json records
+    it, `down` leaves it like the rest of the data, and `down --purge` deletes it.
+    """
+    default = state_dir / "postgres"
+    if os.geteuid() != 0 or _blocked_ancestor(default, "postgres") is None:
+        return default
+    tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+    return Path("/var/tmp") / f"loraplex-stack-{tag}" / "postgres"
+
+
+def _blocked_ancestor(path: Path, user: str) -> Path | None:
     uid = pwd.getpwnam(user).pw_uid
     for parent in [path, *path.parents]:
         if not parent.exists():
             continue
         st = parent.stat()
         if st.st_uid != uid and not st.st_mode & 0o001:
-            raise StackError(
-                f"PostgreSQL runs as '{user}', which cannot traverse {parent}. Point LPX_HOME (or "
-                f"LPX_STACK_DIR) at a directory it can reach, e.g. LPX_HOME=/var/tmp/loraplex."
-            )
+            return parent
+    return None
+
+
+def _check_reachable_by(path: Path, user: str) -> None:
+    """Every ancestor must be traversable by `user`, or PostgreSQL cannot open its data dir."""
+    blocked = _blocked_ancestor(path, user)
+    if blocked is not None:
+        raise StackError(f"PostgreSQL runs as '{user}', which cannot traverse {blocked}; "
+                         f"point LPX_STACK_DIR at a directory it can reach")  # fmt: skip
 
 
 # weed mini has no flag for these gRPC sockets: it always creates them in /tmp, named by port.

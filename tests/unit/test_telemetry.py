@@ -1,0 +1,28 @@
+import json
+import logging
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from libs.logs import JsonFormatter, _ContextFilter
+from libs.telemetry import extract_context, inject_headers
+
+
+def test_trace_context_survives_a_header_roundtrip():
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("publish") as span:
+        headers = inject_headers({"Nats-Msg-Id": "m1"})
+    assert headers["Nats-Msg-Id"] == "m1" and "traceparent" in headers
+    ctx = extract_context(headers)
+    child = tracer.start_span("consume", context=ctx)
+    assert child.get_span_context().trace_id == span.get_span_context().trace_id
+
+
+def test_json_logs_carry_service_trace_and_extra_fields():
+    tracer = TracerProvider().get_tracer("t")
+    record = logging.LogRecord("lpx.test", logging.INFO, __file__, 1, "hello %s", ("world",), None)
+    record.request_id = "r-1"
+    with tracer.start_as_current_span("s") as span:
+        _ContextFilter("gateway").filter(record)
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["msg"] == "hello world" and doc["service"] == "gateway" and doc["request_id"] == "r-1"
+    assert doc["trace_id"] == format(span.get_span_context().trace_id, "032x")
