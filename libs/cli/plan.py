@@ -29,8 +29,7 @@ def _main_table(plan):
         plan.load_times,
     )
     table = Table(
-        title=f"Plan: {plan.adapter.base}, rank {i.rank} on {', '.join(plan.adapter.targets)}, "
-        f"{plan.adapter.dtype}",
+        title=f"Plan: {plan.adapter.base}, rank {i.rank} on {', '.join(plan.adapter.targets)}, {plan.adapter.dtype}",
         show_header=False,
     )
     table.add_column("figure")
@@ -102,15 +101,12 @@ def _variants_table(plans):
         ("all fit host RAM?", fits_host),
         (
             "overflow fits NVMe?",
-            lambda p: (
-                "n/a" if p.memory.all_fit_host_ram else ("yes" if p.memory.overflow_fits_nvme else "no")
-            ),
+            lambda p: "n/a" if p.memory.all_fit_host_ram else ("yes" if p.memory.overflow_fits_nvme else "no"),
         ),
         (
             "affinity share / worker",
             lambda p: (
-                f"{p.memory.affinity_share_adapters_per_worker:,} = "
-                f"{_gb(p.memory.affinity_share_bytes_per_worker)}"
+                f"{p.memory.affinity_share_adapters_per_worker:,} = {_gb(p.memory.affinity_share_bytes_per_worker)}"
             ),
         ),
         (
@@ -130,9 +126,7 @@ def _variants_table(plans):
 
 
 def plan_command(
-    base: str = typer.Option(
-        "llama-3.1-8b", help="Catalog preset (llama-3.1-8b, smollm2-135m) or a config.json path."
-    ),
+    base: str = typer.Option("llama-3.1-8b", help="Catalog preset (llama-3.1-8b, smollm2-135m) or a config.json path."),
     rank: int = typer.Option(16, min=1, help="LoRA rank r."),
     targets: str = typer.Option("all", help="Target modules: all, attention, mlp, or a list like q,k,v,o."),
     dtype: str = typer.Option(None, help="Adapter dtype (default: the base model's dtype)."),
@@ -141,16 +135,10 @@ def plan_command(
     top_share: float = typer.Option(0.80, min=0.0, max=1.0, help="... carry this share of requests (Zipf)."),
     requests_per_s: float = typer.Option(500.0, min=0.0, help="Requests per second, all tenants."),
     output_tokens: int = typer.Option(300, min=1, help="Output tokens per request."),
-    tok_s_per_gpu: float = typer.Option(
-        5000.0, min=0.0, help="Output tokens/s per GPU at SLO, LoRA overhead in."
-    ),
-    target_utilization: float = typer.Option(
-        0.75, min=0.01, max=1.0, help="Headroom: keep GPUs at most this busy."
-    ),
+    tok_s_per_gpu: float = typer.Option(5000.0, min=0.0, help="Output tokens/s per GPU at SLO, LoRA overhead in."),
+    target_utilization: float = typer.Option(0.75, min=0.01, max=1.0, help="Headroom: keep GPUs at most this busy."),
     price: float = typer.Option(2.50, "--price-per-gpu-hour", min=0.0, help="GPU price per hour (USD)."),
-    hot_per_gpu: int = typer.Option(
-        100, "--hot-per-gpu", min=1, help="Hot adapters kept in GPU slots per GPU."
-    ),
+    hot_per_gpu: int = typer.Option(100, "--hot-per-gpu", min=1, help="Hot adapters kept in GPU slots per GPU."),
     gpu_memory_gb: float = typer.Option(80.0, help="GPU memory, GB."),
     host_to_gpu_gb_s: float = typer.Option(25.0, help="Host RAM -> GPU copy bandwidth, GB/s."),
     fetch_min_s: float = typer.Option(0.5, help="Object-store fetch time per adapter, lowest, s."),
@@ -158,9 +146,7 @@ def plan_command(
     nvme_gb_s: float = typer.Option(7.0, help="Local NVMe read bandwidth, GB/s."),
     host_ram_gb: float = typer.Option(256.0, help="Host RAM per worker for the adapter cache, GB."),
     nvme_gb: float = typer.Option(3840.0, help="Local NVMe per worker for the adapter disk tier, GB."),
-    variants: bool = typer.Option(
-        True, help="Also answer the variants (rank 64; 20,000 adapters; attention r8)."
-    ),
+    variants: bool = typer.Option(True, help="Also answer the variants (rank 64; 20,000 adapters; attention r8)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Size a LoRA pool: adapter bytes from tensor shapes, memory per tier, load times, GPUs, monthly cost,

@@ -22,36 +22,20 @@ def simulate_command(
     output_tokens: int = typer.Option(300, min=1, help="Output tokens per request."),
     engine_slots: int = typer.Option(100, min=1, help="GPU LoRA slots per replica (vLLM max_loras), LRU."),
     host_ram_gb: float = typer.Option(256.0, help="Host RAM per replica for the adapter cache, GB."),
-    host_cache_adapters: int = typer.Option(
-        None, help="Host cache size in adapters (default: what fits host RAM)."
-    ),
-    adapter_bytes: int = typer.Option(
-        None, help="Adapter size (default: Llama-3.1-8B rank 16, all modules, bf16)."
-    ),
+    host_cache_adapters: int = typer.Option(None, help="Host cache size in adapters (default: what fits host RAM)."),
+    adapter_bytes: int = typer.Option(None, help="Adapter size (default: Llama-3.1-8B rank 16, all modules, bf16)."),
     tok_s_per_replica: float = typer.Option(5000.0, help="Output tokens/s per replica, fully mixed batch."),
     max_running: int = typer.Option(64, min=1, help="Concurrent sequences per replica (batch limit)."),
-    mixed_adapter_overhead: float = typer.Option(
-        0.10, min=0.0, help="Slowdown of a fully mixed batch vs one adapter."
-    ),
+    mixed_adapter_overhead: float = typer.Option(0.10, min=0.0, help="Slowdown of a fully mixed batch vs one adapter."),
     host_to_gpu_gb_s: float = typer.Option(25.0, help="Host RAM -> GPU bandwidth, GB/s."),
     fetch_min_s: float = typer.Option(0.5, help="Object-store fetch time, lowest, s."),
     fetch_max_s: float = typer.Option(1.5, help="Object-store fetch time, highest, s."),
-    balance_factor: float = typer.Option(
-        1.25, "--c", min=1.0001, help="Bounded load: skip workers over c x mean."
-    ),
-    hot_threshold: int = typer.Option(
-        None, min=1, help="Bounded load: in-flight per extra replica of a hot adapter."
-    ),
-    max_spread: int = typer.Option(
-        None, min=1, help="Bounded load: most replicas a hot adapter spreads over."
-    ),
-    storm: bool = typer.Option(
-        True, help="Also simulate the cold-start storm after a deploy, with/without prewarm."
-    ),
+    balance_factor: float = typer.Option(1.25, "--c", min=1.0001, help="Bounded load: skip workers over c x mean."),
+    hot_threshold: int = typer.Option(None, min=1, help="Bounded load: in-flight per extra replica of a hot adapter."),
+    max_spread: int = typer.Option(None, min=1, help="Bounded load: most replicas a hot adapter spreads over."),
+    storm: bool = typer.Option(True, help="Also simulate the cold-start storm after a deploy, with/without prewarm."),
     storm_window_s: float = typer.Option(60.0, min=1.0, help="Seconds of the cold-start storm to measure."),
-    prewarm_top: int = typer.Option(
-        100, min=0, help="Adapters prewarmed on every replica in the storm variant."
-    ),
+    prewarm_top: int = typer.Option(100, min=0, help="Adapters prewarmed on every replica in the storm variant."),
     seed: int = typer.Option(0, help="Random seed (the same seed gives the same report)."),
     out: Path = typer.Option(None, help="Directory for report.json and PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of tables."),

@@ -17,6 +17,7 @@ service time is fixed at admission; there is no prefill phase and no KV-cache pr
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ class Simulation:
         self.violations = 0
         self.max_bound_use = 0.0
         self.load_ratios: list[float] = []
-        self.cold_per_s = [0] * (int(self.end_measure) + 1)
+        self.cold_per_s = [0] * max(1, math.ceil(self.end_measure))
         self.samples: list[float] = []
         self.next_sample = self.start_measure
         self.heap: list[tuple] = []

@@ -101,9 +101,7 @@ def storm_table(report: Report) -> Table:
     )
     for label, scenario, key, kind in STORM_ROWS:
         runs = getattr(report, scenario)
-        table.add_row(
-            label, *(_cell(runs[name][key], kind) if name in runs else "-" for name in report.cold_start)
-        )
+        table.add_row(label, *(_cell(runs[name][key], kind) if name in runs else "-" for name in report.cold_start))
     return table
 
 
@@ -150,12 +148,8 @@ def _plot_latency(plt, report: Report, out_dir: Path) -> Path:
     width = 0.38
     xs = range(len(names))
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.bar(
-        [x - width / 2 for x in xs], [report.steady[n]["latency_p50_s"] for n in names], width, label="p50"
-    )
-    ax.bar(
-        [x + width / 2 for x in xs], [report.steady[n]["latency_p99_s"] for n in names], width, label="p99"
-    )
+    ax.bar([x - width / 2 for x in xs], [report.steady[n]["latency_p50_s"] for n in names], width, label="p50")
+    ax.bar([x + width / 2 for x in xs], [report.steady[n]["latency_p99_s"] for n in names], width, label="p99")
     ax.set_xticks(list(xs), names, rotation=20)
     ax.set_yscale("log")
     ax.set_ylabel("end-to-end latency, s (load stalls included)")

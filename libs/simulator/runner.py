@@ -60,9 +60,7 @@ def scenarios(config: SimConfig, storm: bool) -> list[Scenario]:
     chosen = [Scenario("steady", config.warmup_s, config.duration_s)]
     if storm:
         chosen.append(Scenario("cold_start", 0.0, config.storm_window_s))
-        chosen.append(
-            Scenario("cold_start_prewarmed", 0.0, config.storm_window_s, prewarm_top=config.prewarm_top)
-        )
+        chosen.append(Scenario("cold_start_prewarmed", 0.0, config.storm_window_s, prewarm_top=config.prewarm_top))
     return chosen
 
 
@@ -76,9 +74,7 @@ def run_comparison(
     names = validate_policies(policies)
     chosen = scenarios(config, storm)
     horizon = max(s.warmup_s + s.window_s for s in chosen)
-    traffic = make_traffic(
-        config.adapters, config.top_k, config.top_share, config.requests_per_s, horizon, config.seed
-    )
+    traffic = make_traffic(config.adapters, config.top_k, config.top_share, config.requests_per_s, horizon, config.seed)
     report = Report(config=config, policies=names, zipf_exponent=traffic.zipf_exponent)
     for scenario in chosen:
         for name in names:

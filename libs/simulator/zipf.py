@@ -29,9 +29,7 @@ def solve_zipf_exponent(n: int, k: int, share: float, tolerance: float = 1e-9) -
         raise ValueError("need 0 < k < n")
     uniform = k / n
     if not uniform < share < 1:
-        raise ValueError(
-            f"share must lie in ({uniform:.4g}, 1): a uniform spread already gives {uniform:.4g}"
-        )
+        raise ValueError(f"share must lie in ({uniform:.4g}, 1): a uniform spread already gives {uniform:.4g}")
     low, high = 0.0, 1.0
     while top_share(n, k, high) < share:
         high *= 2
