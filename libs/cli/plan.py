@@ -192,4 +192,8 @@ def plan_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan", help=plan_command.__doc__ + " " + _DEFAULTS_NOTE)(plan_command)
+    app.command(
+        "plan",
+        help=plan_command.__doc__ + " " + _DEFAULTS_NOTE,
+        short_help="Capacity planner: adapter sizes, memory per tier, load times, GPUs and cost, from shapes.",
+    )(plan_command)

@@ -108,4 +108,8 @@ def simulate_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate", help=simulate_command.__doc__)(simulate_command)
+    app.command(
+        "simulate",
+        help=simulate_command.__doc__,
+        short_help="Compare routing policies on a simulated cluster: loads, slot hits, latency, balance.",
+    )(simulate_command)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from libs.lora.sizing import resolve_targets
 from libs.models.catalog import CATALOG, LLAMA_31_8B, BaseModelSpec
@@ -77,15 +79,15 @@ class PlanInputs:
 
 
 def load_base(base: str) -> tuple[BaseModelSpec, bool]:
-    """Resolve a preset name or a config.json path; also report whether embeddings are tied."""
+    """Resolve a preset name, a config.json path or a model directory holding one; also report whether
+    the embeddings are tied (the LM head then adds no weights)."""
     if base in CATALOG:
         spec = CATALOG[base]
         tied = spec.extra.get("tie_word_embeddings", _PRESET_TIED_EMBEDDINGS.get(spec.name, False))
         return spec, bool(tied)
-    import json
-    from pathlib import Path
-
     path = Path(base)
+    if path.is_dir():
+        path = path / "config.json"
     if not path.is_file():
         raise ValueError(
             f"{base!r} is neither a known base model ({', '.join(sorted(CATALOG))}) nor a config.json"

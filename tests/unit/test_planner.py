@@ -127,6 +127,8 @@ def test_any_hugging_face_config_path(tmp_path):
     assert plan.adapter.bytes == 4 * ((256 + 256) + (256 + 256)) * 4 * 4
     tied_params = 4 * (4 * 256 * 256 + 3 * 256 * 1024 + 2 * 256) + 5000 * 256 + 256
     assert plan.memory.base_weights_bytes == tied_params * 4
+    # A model directory works as well as the config.json inside it.
+    assert make_plan(PlanInputs(base=str(tmp_path), rank=4, targets="q,v")).adapter == plan.adapter
 
 
 def test_gpus_needed_rounds_up_but_not_on_float_noise():

@@ -34,8 +34,9 @@ def owners(ring: HashRing) -> dict[str, str]:
 
 
 def test_stable_hash_is_blake2b_of_the_utf8_key():
-    expected = int.from_bytes(hashlib.blake2b("adapter-00042".encode(), digest_size=8).digest(), "big")
-    assert stable_hash64("adapter-00042") == expected
+    key = "tenant-münchen-v4"  # non-ASCII on purpose: the key is hashed as UTF-8
+    expected = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+    assert stable_hash64(key) == expected
 
 
 def test_assignment_is_identical_across_processes_with_different_hash_seeds():

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -16,6 +20,8 @@ from libs.simulator.metrics import summarise
 from libs.simulator.runner import run_comparison
 from libs.simulator.traffic import Traffic, make_traffic
 from libs.simulator.zipf import solve_zipf_exponent, top_share
+
+REPO = Path(__file__).resolve().parents[2]
 
 # A reduced but meaningful scale: 500 adapters (top 25 carry 80%), 10 replicas, 125 req/s (the reference's
 # per-replica rate), 5 measured minutes after a 1-minute warm-up: ~45,000 requests per policy.
@@ -251,3 +257,22 @@ def test_simulate_command_writes_json_and_plots(tmp_path):
 def test_simulate_command_rejects_unknown_policies():
     result = CliRunner().invoke(_cli(), ["simulate", "--policies", "round_robin", "--duration-s", "5"])
     assert result.exit_code != 0
+
+
+def test_report_does_not_depend_on_python_hash_randomisation():
+    script = (
+        "import json\n"
+        "from libs.simulator.config import SimConfig\n"
+        "from libs.simulator.runner import run_comparison\n"
+        "cfg = SimConfig(adapters=200, top_k=10, replicas=5, requests_per_s=60.0, duration_s=20.0,\n"
+        "                warmup_s=5.0, storm_window_s=5.0)\n"
+        "r = run_comparison(cfg, ['bounded_load', 'ray_multiplex', 'gie_lora_affinity']).steady\n"
+        "print(json.dumps({k: [v['loads_per_1000'], v['latency_p99_s']] for k, v in r.items()}))\n"
+    )
+    outputs = set()
+    for seed in ("11", "12"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
