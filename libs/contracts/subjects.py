@@ -43,6 +43,8 @@ DLQ_ALL = f"{PREFIX}.dlq.>"
 
 # --- key-value buckets -------------------------------------------------------------------------
 HEARTBEAT_BUCKET = "lpx_workers"
+# Per pool, the adapters to pre-warm on start, hottest first (a PrewarmCommand under key <pool>).
+HOT_ADAPTERS_BUCKET = "lpx_hot_adapters"
 
 _TOKEN_OK = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -62,6 +64,25 @@ def infer(pool: str, worker: str, adapter: str) -> str:
 
 def infer_worker_filter(pool: str, worker: str) -> str:
     return f"{PREFIX}.infer.{token(pool)}.{token(worker)}.>"
+
+
+# Work any worker of a pool may take (one durable consumer shared by the pool, so each message goes
+# to exactly one of them): hand-offs from a draining worker, re-routes of a dead worker's backlog.
+# Worker ids may not start with '_', so this never overlaps a worker's own filter.
+ANY_WORKER = "_any"
+
+
+def infer_any(pool: str, adapter: str) -> str:
+    return f"{PREFIX}.infer.{token(pool)}.{ANY_WORKER}.{token(adapter)}"
+
+
+def infer_any_filter(pool: str) -> str:
+    return f"{PREFIX}.infer.{token(pool)}.{ANY_WORKER}.>"
+
+
+def prewarm(pool: str) -> str:
+    """Control subject: pre-warm the given adapters on every worker of the pool (core NATS)."""
+    return f"{PREFIX}.control.{token(pool)}.prewarm"
 
 
 def results(request_id: str) -> str:

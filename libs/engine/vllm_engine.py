@@ -25,7 +25,7 @@ class VllmEngine:
         self.device = resolve_device(config)
         self._engine = None
         self._tokenizer = None
-        self._lora_paths: dict[int, str] = {}  # lora id -> path: one id never means two adapters
+        self._lora_digests: dict[int, str] = {}  # lora id -> digest: one id never means two adapters
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -107,12 +107,19 @@ class VllmEngine:
 
     def _lora_request(self, adapter, lora_request_cls):
         lora_id = adapter.lora_id
-        path = str(adapter.path)
-        known = self._lora_paths.setdefault(lora_id, path)
-        if known != path:
-            # Same id, different bytes: refuse rather than let vLLM serve the cached adapter.
-            raise ValueError(f"LoRA id {lora_id} already names {known}; refusing {path}")
-        return lora_request_cls(lora_name=adapter.digest, lora_int_id=lora_id, lora_path=path)
+        known = self._lora_digests.setdefault(lora_id, adapter.digest)
+        if known != adapter.digest:
+            # Same id, different bytes: refuse rather than let vLLM serve the adapter it cached.
+            raise ValueError(f"LoRA id {lora_id} already names adapter {known[:12]}; refusing {adapter.digest[:12]}")
+        # The path may differ between calls (another cache dir); the bytes are the same: verified by digest.
+        return lora_request_cls(lora_name=adapter.digest, lora_int_id=lora_id, lora_path=str(adapter.path))
+
+    async def add_adapter(self, adapter) -> None:
+        """Load an adapter into the engine's host-RAM LoRA cache ahead of the requests that need it."""
+        from vllm.lora.request import LoRARequest
+
+        if not await self._engine.add_lora(self._lora_request(adapter, LoRARequest)):
+            raise RuntimeError(f"vLLM refused to load adapter {adapter.digest[:12]}")
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:

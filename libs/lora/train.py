@@ -65,19 +65,29 @@ def save_adapter(peft_model, out_dir: Path) -> Path:
 
 def random_adapter(base_path: Path, out_dir: Path, recipe: LoraRecipe | None = None, scale: float = 0.02) -> Path:
     """An adapter with random A and B (PEFT initialises B to zero, which would be a no-op adapter)."""
+    recipe = recipe or LoraRecipe()
+    return random_adapters(base_path, {recipe.seed: out_dir}, recipe, scale)[0]
+
+
+def random_adapters(base_path: Path, out_dirs: dict[int, Path], recipe: LoraRecipe | None = None,
+                    scale: float = 0.02) -> list[Path]:  # fmt: skip
+    """Several random adapters (one per seed) from one load of the base model."""
     import torch
     from peft import get_peft_model
 
     recipe = recipe or LoraRecipe()
-    _seed_everything(recipe.seed)
     _, model = _load_base(base_path)
     peft_model = get_peft_model(model, _peft_config(recipe))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.normal_(0.0, scale)
     _set_base_name(peft_model, base_path)
-    return save_adapter(peft_model, out_dir)
+    written = []
+    for seed, out_dir in out_dirs.items():
+        _seed_everything(seed)
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_" in name:
+                    param.normal_(0.0, scale)
+        written.append(save_adapter(peft_model, out_dir))
+    return written
 
 
 def train_adapter(base_path: Path, examples: Sequence[dict], out_dir: Path, recipe: LoraRecipe | None = None,

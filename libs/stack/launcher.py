@@ -150,6 +150,17 @@ class Stack:
             self._save_state(state)
             self.env_file.unlink(missing_ok=True)
 
+    def stop_server(self, name: str) -> None:
+        """Stop one server (failure drills in tests); a later `up` restarts it on the same ports/data."""
+        state = self._load_state()
+        if state is None:
+            return
+        with self._lock():
+            for server in self._servers(state):
+                if server.name == name:
+                    self._stop(server, state)
+            self._save_state(state)
+
     def purge(self) -> None:
         """Stop everything and delete the state dir (data included)."""
         import shutil

@@ -1,0 +1,354 @@
+"""The registry's HTTP admin API (FastAPI; OpenAPI docs at /docs and /openapi.json).
+
+Every /v1 route needs `Authorization: Bearer <admin token>` except resolution, which also accepts the
+tenant's own API key. Errors are JSON `{"error": <code>, "detail": <message>}` with a 4xx status
+(503 when the database is unavailable).
+"""
+
+from __future__ import annotations
+
+import hmac
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import IntegrityError
+
+from libs.contracts import AdapterRef
+from libs.models.catalog import BaseModelSpec
+from services.registry import aliases, bases, datasets, lifecycle, orphans, tenants, versions
+from services.registry.context import FaultHooks, RegistryContext
+from services.registry.db import is_unavailable, transaction
+from services.registry.errors import Invalid, RegistryError, TooLarge, Unauthorized
+from services.registry.models import AliasPublic, BaseModelPublic, TenantPublic, VersionPublic
+from services.registry.service import RegistryService
+from services.registry.settings import RegistrySettings
+from services.registry.uploads import spooled_upload
+from services.registry.validation import check_adapter_name, check_base_name, check_name
+
+MULTIPART_SLACK = 1 << 20  # form boundaries and fields on top of the adapter's own bytes
+
+
+# --- request and response bodies -----------------------------------------------------------------
+class TenantCreate(BaseModel):
+    name: str
+
+
+class TenantCreated(BaseModel):
+    tenant: str
+    api_key: str = Field(description="shown once; only its hash is stored")
+    key_id: str
+
+
+class BaseModelCreate(BaseModel):
+    name: str
+    config: dict = Field(description="the model's Hugging Face config.json")
+    source: str = ""
+
+
+class AliasCreate(BaseModel):
+    name: str
+    adapter: str
+
+
+class OverrideRequest(BaseModel):
+    actor: str = Field(min_length=1, max_length=200, description="who overrides the evaluation gate")
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class RetireRequest(BaseModel):
+    reason: str = ""
+
+
+class RollbackRequest(BaseModel):
+    to_version: int | None = None
+
+
+class PushReply(BaseModel):
+    created: bool
+    version: VersionPublic
+
+
+class Resolution(BaseModel):
+    tenant: str
+    alias: str
+    adapter: str
+    version: int
+    ref: AdapterRef
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+def get_ctx(request: Request) -> RegistryContext:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[RegistryContext, Depends(get_ctx)]
+
+
+def bearer(authorization: str | None) -> str | None:
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return None
+
+
+def is_admin(ctx: RegistryContext, authorization: str | None) -> bool:
+    expected, given = ctx.settings.admin_secret(), bearer(authorization)
+    return bool(expected and given and hmac.compare_digest(expected.encode(), given.encode()))
+
+
+def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
+    if not ctx.settings.admin_secret():
+        raise Unauthorized("the admin API is disabled: set LPX_REGISTRY_ADMIN_TOKEN on the registry")
+    if not is_admin(ctx, authorization):
+        raise Unauthorized("admin token required: send 'Authorization: Bearer <LPX_REGISTRY_ADMIN_TOKEN>'")
+
+
+def error_response(exc: RegistryError) -> JSONResponse:
+    return JSONResponse(status_code=exc.status, content={"error": exc.code, "detail": exc.message})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RegistryError)
+    async def registry_error(_: Request, exc: RegistryError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(IntegrityError)
+    async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
+        detail = str(getattr(exc, "orig", exc)).splitlines()[0]
+        return JSONResponse(status_code=409, content={"error": "conflict", "detail": detail})
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if is_unavailable(exc):
+            return JSONResponse(status_code=503, content={"error": "unavailable",
+                                                          "detail": "registry database unavailable; retry"})
+        return JSONResponse(status_code=500, content={"error": "internal", "detail": type(exc).__name__})
+
+
+# --- health -----------------------------------------------------------------------------------
+health = APIRouter(tags=["health"])
+
+
+@health.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@health.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    ok, checks = await request.app.state.service.ready()
+    return JSONResponse(status_code=200 if ok else 503, content={"ready": ok, "checks": checks})
+
+
+# --- tenants and base models (admin) -------------------------------------------------------------
+admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)])
+
+
+@admin.post("/tenants", status_code=201, tags=["tenants"])
+async def create_tenant(body: TenantCreate, ctx: Ctx) -> TenantCreated:
+    async with transaction(ctx.sessions) as session:
+        tenant, key = await tenants.create_tenant(session, body.name)
+    return TenantCreated(tenant=tenant.name, api_key=key.plaintext, key_id=key.key_id)
+
+
+@admin.get("/tenants", tags=["tenants"])
+async def list_tenants(ctx: Ctx) -> list[TenantPublic]:
+    async with ctx.sessions() as session:
+        return [TenantPublic.model_validate(t, from_attributes=True) for t in await tenants.list_tenants(session)]
+
+
+@admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])
+async def add_key(tenant: str, ctx: Ctx) -> TenantCreated:
+    async with transaction(ctx.sessions) as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        key = await tenants.add_key(session, row)
+    return TenantCreated(tenant=tenant, api_key=key.plaintext, key_id=key.key_id)
+
+
+@admin.post("/base-models", status_code=201, tags=["base models"])
+async def register_base(body: BaseModelCreate, ctx: Ctx) -> BaseModelPublic:
+    try:
+        spec = BaseModelSpec.from_hf_config(body.config, name=check_base_name(body.name))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Invalid(f"config is not a usable Hugging Face config.json: missing or bad {exc}") from None
+    if body.source:
+        spec = BaseModelSpec(**{**spec.__dict__, "source": body.source})
+    async with transaction(ctx.sessions) as session:
+        row = await bases.register_base(session, spec)
+    return BaseModelPublic.model_validate(row, from_attributes=True)
+
+
+@admin.get("/base-models", tags=["base models"])
+async def list_bases(ctx: Ctx) -> list[BaseModelPublic]:
+    async with ctx.sessions() as session:
+        return [BaseModelPublic.model_validate(r, from_attributes=True) for r in await bases.list_bases(session)]
+
+
+# --- adapters and versions (admin) ---------------------------------------------------------------
+@admin.post("/adapters", tags=["adapters"], responses={200: {"description": "already registered (idempotent)"}})
+async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str, Form()],
+               base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()]) -> JSONResponse:
+    """Push a version: multipart with `tenant`, `adapter`, `base_model` and the adapter's files
+    (adapter_config.json and adapter_model.safetensors). 201 when created, 200 when this adapter
+    already has exactly this content."""
+    check_name("tenant", tenant)
+    check_adapter_name(adapter)
+    with spooled_upload(files, ctx.settings.max_adapter_bytes) as directory:
+        result = await versions.push_version(ctx, tenant=tenant, adapter=adapter, base_model=base_model,
+                                             directory=directory)  # fmt: skip
+    body = PushReply(created=result.created, version=result.version)
+    return JSONResponse(status_code=201 if result.created else 200, content=body.model_dump(mode="json"))
+
+
+@admin.get("/adapters", tags=["adapters"])
+async def list_adapters(ctx: Ctx, tenant: str | None = Query(None)) -> list:
+    async with ctx.sessions() as session:
+        return [a.model_dump(mode="json") for a in await versions.list_adapters(session, tenant)]
+
+
+@admin.get("/tenants/{tenant}/adapters/{adapter}/versions", tags=["adapters"])
+async def history(tenant: str, adapter: str, ctx: Ctx) -> list[VersionPublic]:
+    async with ctx.sessions() as session:
+        return await versions.history(session, tenant, adapter)
+
+
+@admin.post("/tenants/{tenant}/adapters/{adapter}/rollback", tags=["lifecycle"])
+async def rollback(tenant: str, adapter: str, body: RollbackRequest, ctx: Ctx) -> VersionPublic:
+    async with transaction(ctx.sessions) as session:
+        number = await aliases.rollback(session, await aliases.get_tenant(session, tenant), adapter, body.to_version)
+    ctx.wake_relay()
+    async with ctx.sessions() as session:
+        return await versions.show_alias(session, tenant, aliases.pinned_name(adapter, number))
+
+
+async def _transition(ctx: RegistryContext, tenant: str, adapter: str, number: int, apply) -> VersionPublic:
+    async with transaction(ctx.sessions) as session:
+        alias = await aliases.find_alias(session, await aliases.get_tenant(session, tenant),
+                                         aliases.pinned_name(adapter, number))  # fmt: skip
+        vctx = await lifecycle.load_version(session, alias.version_id)
+        await apply(session, vctx)
+    ctx.wake_relay()
+    return await versions.show_version(ctx, alias.version_id)
+
+
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluating", tags=["lifecycle"])
+async def begin_evaluation(tenant: str, adapter: str, number: int, ctx: Ctx) -> VersionPublic:
+    """The eval gate announces that it started on this version (optional: a verdict implies it)."""
+    return await _transition(ctx, tenant, adapter, number, lifecycle.begin_evaluation)
+
+
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/activate", tags=["lifecycle"])
+async def override_activate(tenant: str, adapter: str, number: int, body: OverrideRequest, ctx: Ctx) -> VersionPublic:
+    """Admin override: activate without a passing evaluation. Recorded (actor, reason, time) in the
+    version and in the "activated" event."""
+    override = lifecycle.Override(actor=body.actor, reason=body.reason)
+
+    async def apply(session, vctx):
+        await lifecycle.activate(session, vctx, override=override)
+
+    return await _transition(ctx, tenant, adapter, number, apply)
+
+
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/retire", tags=["lifecycle"])
+async def retire(tenant: str, adapter: str, number: int, body: RetireRequest, ctx: Ctx) -> VersionPublic:
+    async def apply(session, vctx):
+        await lifecycle.retire(session, vctx, body.reason)
+
+    return await _transition(ctx, tenant, adapter, number, apply)
+
+
+# --- aliases (admin) -----------------------------------------------------------------------------
+@admin.get("/tenants/{tenant}/aliases", tags=["aliases"])
+async def list_aliases(tenant: str, ctx: Ctx) -> list[AliasPublic]:
+    async with ctx.sessions() as session:
+        return await aliases.list_aliases(session, await aliases.get_tenant(session, tenant))
+
+
+@admin.post("/tenants/{tenant}/aliases", status_code=201, tags=["aliases"])
+async def create_alias(tenant: str, body: AliasCreate, ctx: Ctx) -> AliasPublic:
+    async with transaction(ctx.sessions) as session:
+        row = await aliases.get_tenant(session, tenant)
+        await aliases.add_follow(session, row, await aliases.get_adapter(session, row, body.adapter), body.name)
+    ctx.wake_relay()
+    async with ctx.sessions() as session:
+        found = [a for a in await aliases.list_aliases(session, row) if a.name == body.name]
+    return found[0]
+
+
+@admin.get("/tenants/{tenant}/aliases/{alias}", tags=["aliases"])
+async def show_alias(tenant: str, alias: str, ctx: Ctx) -> VersionPublic:
+    """The version an alias points at now, whatever its status."""
+    async with ctx.sessions() as session:
+        return await versions.show_alias(session, tenant, alias)
+
+
+# --- datasets (admin) ----------------------------------------------------------------------------
+@admin.post("/datasets", status_code=201, tags=["datasets"])
+async def upload_dataset(ctx: Ctx, tenant: Annotated[str, Form()], name: Annotated[str, Form()],
+                         file: Annotated[UploadFile, File()]) -> datasets.DatasetPublic:  # fmt: skip
+    with spooled_upload([file], ctx.settings.max_adapter_bytes) as directory:
+        return await datasets.store_dataset(ctx, tenant, name, directory / (file.filename or ""))
+
+
+@admin.get("/tenants/{tenant}/datasets", tags=["datasets"])
+async def list_datasets(tenant: str, ctx: Ctx) -> list[datasets.DatasetPublic]:
+    async with ctx.sessions() as session:
+        return await datasets.list_datasets(session, tenant)
+
+
+@admin.post("/admin/sweep-orphans", tags=["maintenance"])
+async def sweep(ctx: Ctx, grace_s: float | None = Query(None, ge=0)) -> dict:
+    return {"swept": await orphans.sweep_orphans(ctx, grace_s)}
+
+
+# --- resolution (admin token or the tenant's API key) ------------------------------------------
+public = APIRouter(prefix="/v1", tags=["resolve"])
+
+
+@public.get("/resolve/{tenant}/{alias}")
+async def resolve(tenant: str, alias: str, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+                  ) -> Resolution:  # fmt: skip
+    """(tenant, alias) -> the active version's digest, object key, base model and rank."""
+    async with ctx.sessions() as session:
+        if not is_admin(ctx, authorization):
+            await tenants.authenticate(session, tenant, bearer(authorization) or "")
+        found = await aliases.resolve(session, tenant, alias)
+    return Resolution(tenant=found.tenant, alias=found.alias, adapter=found.adapter, version=found.version,
+                      ref=found.ref)  # fmt: skip
+
+
+# --- the app -------------------------------------------------------------------------------------
+def create_app(settings: RegistrySettings, hooks: FaultHooks | None = None, telemetry=None) -> FastAPI:
+    service = RegistryService(settings, hooks=hooks, telemetry=telemetry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.ctx = await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="loraplex registry", version="1", lifespan=lifespan,
+                  description="Tenants, base models, versioned LoRA adapters, aliases and their lifecycle.")
+    app.state.service = service
+    install_error_handlers(app)
+    app.middleware("http")(_limit_push_size(settings.max_adapter_bytes))
+    for router in (health, admin, public):
+        app.include_router(router)
+    return app
+
+
+def _limit_push_size(max_bytes: int):
+    """Refuse an oversized push from its Content-Length, before the body is read and spooled."""
+
+    async def middleware(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if request.method == "POST" and length and length.isdigit() and int(length) > max_bytes + MULTIPART_SLACK:
+            return error_response(TooLarge(f"request of {length} bytes is over the limit of {max_bytes} bytes "
+                                           f"(max_adapter_bytes)"))  # fmt: skip
+        return await call_next(request)
+
+    return middleware

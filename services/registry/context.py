@@ -1,0 +1,65 @@
+"""What request handlers and background tasks share: settings, database, object store, the relay's
+wake-up, and fault-injection seams for crash tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from libs.objectstore import ObjectStore
+from services.registry.db import Sessions
+from services.registry.settings import RegistrySettings
+
+
+@dataclass
+class FaultHooks:
+    """Called at the points where a crash hurts most; None in production. Tests use them to kill
+    PostgreSQL between the upload and the commit."""
+
+    after_upload: Callable[[], None] | None = None
+    before_commit: Callable[[], None] | None = None
+
+    def fire(self, name: str) -> None:
+        hook = getattr(self, name)
+        if hook is not None:
+            hook()
+
+
+@dataclass
+class RegistryContext:
+    settings: RegistrySettings
+    engine: AsyncEngine
+    sessions: Sessions
+    store: ObjectStore
+    wake_relay: Callable[[], None] = lambda: None
+    hooks: FaultHooks = field(default_factory=FaultHooks)
+
+
+def lock_key(digest: str) -> int:
+    """A signed 64-bit advisory-lock key from a content digest."""
+    return int.from_bytes(bytes.fromhex(digest[:16]), "big", signed=True)
+
+
+@asynccontextmanager
+async def digest_lock(engine: AsyncEngine, digest: str) -> AsyncIterator[AsyncConnection]:
+    """Serialise everything that uploads or deletes the object of `digest`, across replicas.
+
+    A session-level advisory lock on a dedicated connection (not a transaction lock: it must span the
+    upload, which happens outside any transaction). It dies with the connection, so a caller that
+    wants to delete an object checks on this same connection that the lock is still held.
+    """
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_key(digest)})
+        await conn.commit()
+        try:
+            yield conn
+        finally:
+            try:
+                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_key(digest)})
+                await conn.commit()
+            except Exception:  # noqa: BLE001 - a dead connection has already released the lock
+                await conn.invalidate()

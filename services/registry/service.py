@@ -1,0 +1,114 @@
+"""The registry process's moving parts besides HTTP: migrations and seeding at start-up, the NATS
+broker (resolve responder, eval-result consumer), the outbox relay and the orphan sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from sqlalchemy import text
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from libs.messaging import ensure_streams, make_broker
+from libs.objectstore import ObjectStore
+from services.registry import eval_events, orphans, resolver
+from services.registry.bases import seed_catalog
+from services.registry.context import FaultHooks, RegistryContext
+from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
+from services.registry.deadletters import DeadLetters
+from services.registry.outbox import OutboxRelay, jetstream_publisher
+from services.registry.settings import RegistrySettings
+
+log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 600.0
+
+
+class RegistryService:
+    def __init__(self, settings: RegistrySettings, hooks: FaultHooks | None = None, telemetry=None,
+                 start_timeout_s: float = 60.0) -> None:  # fmt: skip
+        self.settings = settings
+        self.hooks = hooks or FaultHooks()
+        self.telemetry = telemetry
+        self.start_timeout_s = start_timeout_s
+        self.ctx: RegistryContext | None = None
+        self.broker = None
+        self.relay: OutboxRelay | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> RegistryContext:
+        conn = self.settings.connections
+        await self._until_reachable(self._prepare_database)
+        engine = make_engine(conn.pg_dsn)
+        store = ObjectStore(conn)
+        await asyncio.to_thread(store.ensure_bucket)
+        self.ctx = RegistryContext(self.settings, engine, make_sessions(engine), store, hooks=self.hooks)
+        if self.settings.seed_catalog:
+            async with transaction(self.ctx.sessions) as session:
+                await seed_catalog(session)
+        await ensure_streams(conn.nats_url)
+        await self._start_broker()
+        self.relay = OutboxRelay(self.ctx.sessions, jetstream_publisher(self.broker), self.settings.outbox_poll_s,
+                                 self.settings.outbox_batch)  # fmt: skip
+        self.ctx.wake_relay = self.relay.wake
+        self._tasks = [asyncio.create_task(self.relay.run(), name="outbox-relay"),
+                       asyncio.create_task(self._sweep_periodically(), name="orphan-sweeper")]  # fmt: skip
+        log.info("registry started")
+        return self.ctx
+
+    async def _prepare_database(self) -> None:
+        if self.settings.migrate_on_start:
+            await migrate(self.settings.connections.pg_dsn)
+
+    async def _until_reachable(self, step) -> None:
+        """Start-up waits for PostgreSQL (compose starts everything at once) instead of crashing."""
+        async for attempt in AsyncRetrying(retry=retry_if_exception(is_unavailable), reraise=True,
+                                           stop=stop_after_delay(self.start_timeout_s),
+                                           wait=wait_exponential(multiplier=0.2, max=3)):  # fmt: skip
+            with attempt:
+                await step()
+
+    async def _start_broker(self) -> None:
+        telemetry = self.telemetry
+        self.broker = make_broker(self.settings.connections.nats_url, "registry",
+                                  tracer_provider=telemetry.tracer_provider if telemetry else None,
+                                  meter_provider=telemetry.meter_provider if telemetry else None)  # fmt: skip
+        dead_letters = DeadLetters(self.broker)
+        resolver.register(self.broker, self.ctx, dead_letters)
+        eval_events.register(self.broker, self.ctx, dead_letters)
+        await self.broker.start()
+
+    async def _sweep_periodically(self) -> None:
+        while True:
+            try:
+                await orphans.sweep_orphans(self.ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed sweep is retried next round
+                log.warning("orphan sweep failed: %s", exc)
+            await asyncio.sleep(SWEEP_EVERY_S)
+
+    async def ready(self) -> tuple[bool, dict[str, str]]:
+        """Readiness: the database answers and the broker is connected."""
+        checks: dict[str, str] = {}
+        try:
+            async with self.ctx.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["database"] = f"unavailable: {type(exc).__name__}"
+        connection = getattr(self.broker.config.connection_state, "connection", None) if self.broker else None
+        checks["nats"] = "ok" if connection is not None and connection.is_connected else "unavailable"
+        return all(v == "ok" for v in checks.values()), checks
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.broker is not None:
+            await self.broker.stop()
+        if self.ctx is not None:
+            await self.ctx.engine.dispose()
+        log.info("registry stopped")

@@ -1,0 +1,41 @@
+"""Registry settings (`LPX_REGISTRY_*`), on top of the shared connection settings (`LPX_*`)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from libs.lora.validate import DEFAULT_ALLOWED_DTYPES, Policy
+from libs.settings import ServiceSettings
+
+
+class RegistrySettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LPX_REGISTRY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    # None refuses every admin call (fail closed) rather than leaving the admin API open.
+    admin_token: SecretStr | None = None
+
+    # --- the pool's policy (what a worker pool of this registry can serve) ---------------------
+    max_rank: int = Field(16, ge=1, description="highest LoRA rank the default pool serves")
+    allowed_dtypes: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_DTYPES))
+    max_adapter_bytes: int = Field(512 * 1024 * 1024, ge=1, description="config + weights, in bytes")
+
+    # --- background work -----------------------------------------------------------------------
+    outbox_poll_s: float = Field(0.5, gt=0, description="how often the relay looks for unpublished events")
+    outbox_batch: int = Field(100, ge=1)
+    eval_durable: str = "lpx-registry-eval"
+    # "all" replays every stored verdict on a new durable (production); tests use "new".
+    eval_deliver_policy: str = "all"
+    orphan_grace_s: float = Field(3600, ge=0, description="age before an unreferenced object is swept")
+
+    # --- start-up ------------------------------------------------------------------------------
+    migrate_on_start: bool = True
+    seed_catalog: bool = True
+
+    def policy(self) -> Policy:
+        return Policy(max_rank=self.max_rank, allowed_dtypes=tuple(self.allowed_dtypes))
+
+    def admin_secret(self) -> str | None:
+        return self.admin_token.get_secret_value() if self.admin_token else None

@@ -1,0 +1,34 @@
+"""`python -m services.worker` (or `lpx-worker`): run one worker until SIGTERM/SIGINT, then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from libs.logs import setup_logging
+from services.worker.app import Worker
+from services.worker.settings import WorkerSettings
+
+
+async def serve(settings: WorkerSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker = Worker(settings)
+    await worker.start()
+    print(f"worker {settings.worker_id} ready (pool {settings.pool})", flush=True)
+    try:
+        await worker.run_until(stop)
+    finally:
+        await worker.close()
+
+
+def main() -> None:
+    settings = WorkerSettings.load()
+    setup_logging("worker", settings.log_level, settings.log_format)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":  # vLLM's engine core is a spawned process: keep this guard
+    main()

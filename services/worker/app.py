@@ -1,0 +1,239 @@
+"""The worker: one vLLM engine with LoRA, consuming its affinitized slice of the inference stream.
+
+It pulls from two durable consumers on the LPX_INFER work queue: its own (`lpx.infer.<pool>.<me>.>`,
+where the gateway's affinity routing sends it work) and the pool's shared one (`lpx.infer.<pool>._any.>`,
+hand-offs and re-routes), never more messages than it has free capacity. On SIGTERM it stops pulling,
+finishes what is in flight and hands its unstarted backlog to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import nats
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from libs.contracts import PrewarmCommand, subjects
+from libs.engine import EngineConfig, create_engine
+from libs.messaging import ensure_streams
+from libs.objectstore import ObjectStore
+from libs.telemetry import Telemetry, inject_headers, setup_telemetry
+from services.worker.disk_cache import DiskCache
+from services.worker.heartbeat import Heartbeater, heartbeat_bucket
+from services.worker.metrics import WorkerMetrics, register_queue_gauges
+from services.worker.processor import RequestProcessor
+from services.worker.settings import WorkerSettings
+from services.worker.tiers import AdapterTiers
+
+log = logging.getLogger(__name__)
+
+
+class Capacity:
+    """How many more requests the worker may take: pulls never exceed what the engine can batch."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._changed = asyncio.Condition()
+
+    async def take_up_to(self, most: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used < self.limit)
+            granted = min(most, self.limit - self.used)
+            self.used += granted
+            return granted
+
+    async def give_back(self, count: int = 1) -> None:
+        async with self._changed:
+            self.used -= count
+            self._changed.notify_all()
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, *, engine=None, telemetry: Telemetry | None = None) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id
+        self.telemetry = telemetry or setup_telemetry("worker", metrics_port=settings.metrics_port, set_global=False)
+        self.metrics = WorkerMetrics.create(self.telemetry.meter())
+        self.engine = engine or create_engine(self._engine_config())
+        self.store = ObjectStore(settings.connections)
+        self.tiers = AdapterTiers(
+            DiskCache(settings.resolved_disk_cache_dir(), settings.disk_cache_bytes, self.store), self.engine,
+            base_model=settings.base_model, max_rank=settings.max_lora_rank, max_loras=settings.max_loras,
+        )  # fmt: skip
+        self.capacity = Capacity(settings.capacity)
+        self.queue_depth = 0
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._token_window: list[tuple[float, int]] = []
+        register_queue_gauges(self.telemetry.meter(), self)
+
+    def _engine_config(self) -> EngineConfig:
+        s = self.settings
+        return EngineConfig(model_path=s.resolved_model_path(), served_model_name=s.base_model, device=s.device,
+                            max_loras=s.max_loras, max_cpu_loras=s.max_cpu_loras, max_lora_rank=s.max_lora_rank,
+                            max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
+                            cpu_kvcache_gib=s.cpu_kvcache_gib)  # fmt: skip
+
+    @property
+    def in_flight(self) -> int:
+        return self.capacity.used
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        await self.engine.start()
+        self.nc = await nats.connect(s.connections.nats_url, name=f"lpx-worker-{self.worker_id}",
+                                     max_reconnect_attempts=-1)  # fmt: skip
+        self.js = self.nc.jetstream()
+        await ensure_streams(s.connections.nats_url)
+        self.processor = RequestProcessor(worker_id=self.worker_id, nc=self.nc, js=self.js, engine=self.engine,
+                                          tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s)  # fmt: skip
+        self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
+                                        f"w-{s.pool}-{self.worker_id}")  # fmt: skip
+        self.shared = await self._consumer(subjects.infer_any_filter(s.pool), f"pool-{s.pool}")
+        self.heartbeat = Heartbeater(await heartbeat_bucket(self.js, s.heartbeat_ttl_s), self, s.heartbeat_interval_s)
+        await self.heartbeat.beat()
+        self.heartbeat.start()
+        self._prewarm_sub = await self.nc.subscribe(subjects.prewarm(s.pool), cb=self._on_prewarm)
+        await self.prewarm_from_bucket()
+        self._loops = [asyncio.create_task(self._pull_loop(self.own, 0.5), name="pull-own"),
+                       asyncio.create_task(self._pull_loop(self.shared, 0.5), name="pull-pool"),
+                       asyncio.create_task(self._watch_queue(), name="queue-depth")]  # fmt: skip
+        log.info("worker ready", extra={"worker": self.worker_id, "pool": s.pool, "capacity": s.capacity})
+
+    async def _consumer(self, filter_subject: str, durable: str):
+        config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait_s,
+                                max_ack_pending=max(64, self.settings.capacity * 4), filter_subject=filter_subject,
+                                max_deliver=-1)  # fmt: skip
+        return await self.js.pull_subscribe(filter_subject, durable=durable, stream=subjects.INFER_STREAM,
+                                            config=config)  # fmt: skip
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Stop pulling, finish in-flight work, hand the unstarted backlog to the pool, leave."""
+        log.info("draining", extra={"worker": self.worker_id, "in_flight": self.in_flight})
+        self._stopping.set()
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.settings.drain_timeout_s)
+        handed = await self._hand_off_backlog()
+        await self.heartbeat.stop()
+        for sub in (self._prewarm_sub, self.own, self.shared):
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        log.info("drained", extra={"worker": self.worker_id, "handed_off": handed})
+
+    async def close(self) -> None:
+        await self.engine.shutdown()
+        self.telemetry.shutdown()
+
+    # --- pulling -------------------------------------------------------------------------------
+    async def _pull_loop(self, sub, timeout_s: float) -> None:
+        while not self._stopping.is_set():
+            granted = await self.capacity.take_up_to(16)
+            try:
+                msgs = await sub.fetch(batch=granted, timeout=timeout_s)
+            except (TimeoutError, NatsTimeout):
+                msgs = []
+            except asyncio.CancelledError:
+                await self.capacity.give_back(granted)
+                raise
+            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
+                log.warning("fetch failed", exc_info=True)
+                msgs = []
+                await asyncio.sleep(0.5)
+            if len(msgs) < granted:
+                await self.capacity.give_back(granted - len(msgs))
+            for msg in msgs:
+                self._spawn(msg)
+
+    def _spawn(self, msg) -> None:
+        task = asyncio.create_task(self._handle(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, msg) -> None:
+        self.metrics.in_flight.add(1)
+        try:
+            await self.processor.handle(msg)
+        except Exception:  # noqa: BLE001 - not acked: JetStream redelivers it
+            log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
+        finally:
+            self.metrics.in_flight.add(-1)
+            await self.capacity.give_back(1)
+            self._token_window.append((time.monotonic(), self.processor.generated_tokens))
+
+    async def _hand_off_backlog(self) -> int:
+        """Move messages routed to this worker but never started to the pool's shared subject."""
+        moved = 0
+        while True:
+            try:
+                msgs = await self.own.fetch(batch=16, timeout=0.5)
+            except (TimeoutError, NatsTimeout):
+                return moved
+            for msg in msgs:
+                adapter_token = msg.subject.rsplit(".", 1)[-1]
+                headers = dict(msg.headers or {})
+                headers["Nats-Msg-Id"] = f"{headers.get('Nats-Msg-Id', msg.reply)}-handoff-{self.worker_id}"
+                await self.js.publish(subjects.infer_any(self.settings.pool, adapter_token), msg.data,
+                                      headers=inject_headers(headers))  # fmt: skip
+                await msg.ack()
+                moved += 1
+
+    async def _watch_queue(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                own, shared = await self.own.consumer_info(), await self.shared.consumer_info()
+                self.queue_depth = own.num_pending + shared.num_pending
+            await asyncio.sleep(2.0)
+
+    def tokens_per_s(self, window_s: float = 10.0) -> float:
+        now = time.monotonic()
+        self._token_window = [(t, n) for t, n in self._token_window if now - t <= window_s]
+        if len(self._token_window) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._token_window[0], self._token_window[-1]
+        return (n1 - n0) / max(t1 - t0, 1e-6)
+
+    # --- pre-warming ---------------------------------------------------------------------------
+    async def prewarm_from_bucket(self) -> None:
+        try:
+            kv = await self.js.key_value(subjects.HOT_ADAPTERS_BUCKET)
+            entry = await kv.get(self.settings.pool)
+        except Exception:  # noqa: BLE001 - no bucket or no key: nothing to pre-warm yet
+            return
+        await self.prewarm(PrewarmCommand.model_validate_json(entry.value))
+
+    async def _on_prewarm(self, msg) -> None:
+        try:
+            command = PrewarmCommand.model_validate_json(msg.data)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ignoring malformed prewarm command: %s", exc)
+            return
+        asyncio.create_task(self.prewarm(command))
+
+    async def prewarm(self, command: PrewarmCommand) -> list[str]:
+        top_n = command.top_n or self.settings.prewarm_top_n
+        top_n = min(top_n, self.settings.max_cpu_loras)
+        warmed = []
+        for ref in command.adapters[:top_n]:
+            try:
+                await self.tiers.prewarm(ref)
+                warmed.append(ref.digest)
+            except Exception as exc:  # noqa: BLE001 - a bad entry must not block the others
+                log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
+        log.info("prewarmed adapters", extra={"count": len(warmed)})
+        return warmed

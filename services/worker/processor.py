@@ -1,0 +1,218 @@
+"""One inference request, from a JetStream message to a published result.
+
+Order of things (each a guarantee): parse or dead-letter; skip what was already answered (request
+ids make redelivery idempotent); fail closed on anything wrong with the adapter; generate; publish
+tokens and the final result; only then ack. A request that names an adapter is never generated
+without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from libs.contracts import (
+    AdapterTier,
+    ErrorInfo,
+    InferenceRequest,
+    InferenceResult,
+    Timings,
+    TokenDelta,
+    subjects,
+)
+from libs.engine import GenerationRequest
+from libs.messaging import dead_letter
+from libs.telemetry import extract_context, inject_headers
+from services.worker.metrics import WorkerMetrics
+from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("loraplex.worker")
+
+
+class RecentIds:
+    """Request ids answered recently (bounded), the fast path of duplicate suppression."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def add(self, request_id: str) -> None:
+        self._ids[request_id] = None
+        if len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._ids
+
+
+@dataclass
+class _Outcome:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float = 0.0
+
+
+class RequestProcessor:
+    def __init__(self, *, worker_id: str, nc, js, engine, tiers: AdapterTiers, metrics: WorkerMetrics,
+                 ack_wait_s: float) -> None:  # fmt: skip
+        self.worker_id = worker_id
+        self.nc, self.js = nc, js
+        self.engine = engine
+        self.tiers = tiers
+        self.metrics = metrics
+        self.ack_wait_s = ack_wait_s
+        self.active: set[str] = set()
+        self.answered = RecentIds()
+        self.generated_tokens = 0
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            request = InferenceRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await self._dead_letter(msg, f"invalid InferenceRequest: {_first_error(exc)}")
+            return
+        rid = request.request_id
+        if rid in self.active:
+            await msg.in_progress()  # a redelivery while we generate: the original will ack
+            return
+        if rid in self.answered or await self._already_answered(rid):
+            self.answered.add(rid)
+            await msg.ack()
+            return
+        self.active.add(rid)
+        try:
+            with tracer.start_as_current_span("worker.infer", context=extract_context(msg.headers),
+                                              attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
+                                                          "lpx.tenant": request.tenant_id}):  # fmt: skip
+                result = await self._process(request, msg)
+            await self._publish_result(result)
+            await msg.ack()
+            self.answered.add(rid)
+            self.metrics.requests.add(1, {"outcome": "ok" if result.ok else result.error.code})
+        finally:
+            self.active.discard(rid)
+
+    async def _process(self, request: InferenceRequest, msg: Msg) -> InferenceResult:
+        started = time.monotonic()
+        timings = {"queue_s": max(0.0, time.time() - request.submitted_at)}
+        if request.deadline is not None and time.time() > request.deadline:
+            return self._error(request, "deadline", "the request's deadline passed before it was started", timings)
+        lease: AdapterLease | None = None
+        if request.adapter is not None:
+            try:
+                lease = await self.tiers.acquire(request.adapter)
+            except AdapterUnavailable as exc:
+                log.warning("adapter unavailable", extra={"request_id": request.request_id, "code": exc.code,
+                                                          "reason": str(exc)})  # fmt: skip
+                return self._error(request, exc.code, str(exc), timings)
+            self.metrics.record_tier(lease.tier, lease.load_s)
+            timings["adapter_load_s"] = lease.load_s
+        try:
+            keepalive = asyncio.create_task(self._keep_in_progress(msg))
+            try:
+                outcome = await self._generate(request, lease)
+            finally:
+                keepalive.cancel()
+        except Exception as exc:  # noqa: BLE001 - any engine failure becomes an error result
+            log.exception("generation failed", extra={"request_id": request.request_id})
+            return self._error(request, "engine_error", f"{type(exc).__name__}: {exc}", timings)
+        finally:
+            if lease is not None:
+                self.tiers.release(lease)
+        self.generated_tokens += outcome.completion_tokens
+        self.metrics.tokens.add(outcome.completion_tokens)
+        self.metrics.ttft_seconds.record(outcome.ttft_s)
+        return InferenceResult(
+            request_id=request.request_id, worker_id=self.worker_id, ok=True, text=outcome.text,
+            finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            adapter_digest_applied=lease.spec.digest if lease else None,
+            adapter_tier=lease.tier if lease else AdapterTier.NONE,
+            timings=Timings(**timings, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
+        )  # fmt: skip
+
+    async def _generate(self, request: InferenceRequest, lease: AdapterLease | None) -> _Outcome:
+        s = request.sampling
+        gen = GenerationRequest(
+            request_id=request.request_id, prompt=request.prompt,
+            messages=[m.model_dump() for m in request.messages] if request.messages else None,
+            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, stop=list(s.stop), seed=s.seed,
+            adapter=lease.spec if lease else None,
+            trace_headers=inject_headers(),
+        )  # fmt: skip
+        if request.adapter is not None and gen.adapter is None:  # belt and braces: never fall back to base
+            raise RuntimeError("adapter requested but not applied")
+        out, started, index = _Outcome(), time.monotonic(), 0
+        async for chunk in self.engine.generate(gen):
+            if chunk.text and not out.ttft_s:
+                out.ttft_s = time.monotonic() - started
+            if request.stream and chunk.text:
+                delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text)
+                await self.nc.publish(subjects.tokens(request.request_id), delta.model_dump_json().encode())
+                index += 1
+            out.text += chunk.text
+            out.completion_tokens, out.prompt_tokens = chunk.completion_tokens, chunk.prompt_tokens
+            out.finish_reason = chunk.finish_reason or out.finish_reason
+        return out
+
+    async def _keep_in_progress(self, msg: Msg) -> None:
+        """Long generations must not be redelivered to someone else: tell JetStream we are on it."""
+        while True:
+            await asyncio.sleep(max(1.0, self.ack_wait_s / 3))
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    def _error(self, request: InferenceRequest, code: str, message: str, timings: dict) -> InferenceResult:
+        return InferenceResult(request_id=request.request_id, worker_id=self.worker_id, ok=False,
+                               error=ErrorInfo(code=code, message=message), timings=Timings(**timings))  # fmt: skip
+
+    async def _publish_result(self, result: InferenceResult) -> None:
+        # Nats-Msg-Id: a result re-published after a crash between publish and ack is stored once.
+        await self.js.publish(subjects.results(result.request_id), result.model_dump_json().encode(),
+                              headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}))  # fmt: skip
+
+    async def _already_answered(self, request_id: str) -> bool:
+        try:
+            await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(request_id))
+            return True
+        except NotFoundError:
+            return False
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        letter = dead_letter("worker", msg.subject, reason, msg.data, msg.headers)
+        await self.js.publish(subjects.dead_letter("worker"), letter.model_dump_json().encode())
+        log.warning("dead-lettered a message", extra={"subject": msg.subject, "reason": reason})
+        rid = _request_id_of(msg.data)
+        if rid:  # the caller is waiting: answer with the reason instead of leaving it to time out
+            error = InferenceResult(request_id=rid, worker_id=self.worker_id, ok=False,
+                                    error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
+            await self._publish_result(error)
+        await msg.ack()  # the dead-letter stream holds it now; nothing is lost
+
+
+def _request_id_of(data: bytes) -> str | None:
+    try:
+        rid = json.loads(data).get("request_id")
+        subjects.token(rid)
+        return rid
+    except Exception:  # noqa: BLE001 - unparseable means no id
+        return None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
+    return f"{where}: {err.get('msg')}"

@@ -1,0 +1,61 @@
+"""Worker settings (env prefix LPX_WORKER_)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from libs.paths import lpx_home, models_dir
+from libs.settings import ServiceSettings
+
+
+def _default_worker_id() -> str:
+    host = "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname())[:40]
+    return f"{host}-{os.getpid()}"
+
+
+class WorkerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LPX_WORKER_", extra="ignore")
+
+    worker_id: str = Field(default_factory=_default_worker_id, description="unique in the pool; not starting with _")
+    pool: str = Field("smollm2-135m-r16", description="pool name: base model + max rank")
+    base_model: str = "smollm2-135m"
+    model_path: Path | None = Field(None, description="base checkpoint dir; default $LPX_HOME/models/<base_model>")
+    device: str = "auto"
+    # Engine tiers (vLLM): adapters batched at once, and adapters kept in host RAM.
+    max_loras: int = 4
+    max_cpu_loras: int = 16
+    max_lora_rank: int = 16
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    cpu_kvcache_gib: int = 1
+    # Requests generated concurrently (what the worker pulls from JetStream at most).
+    capacity: int = 16
+    # Local disk tier: content-addressed by digest, LRU bounded in bytes.
+    disk_cache_dir: Path | None = None
+    disk_cache_bytes: int = 2 * 1024**3
+    prewarm_top_n: int = 8
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 10.0
+    ack_wait_s: float = 30.0
+    drain_timeout_s: float = 120.0
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id_is_a_subject_token(cls, value: str) -> str:
+        from libs.contracts import subjects
+
+        subjects.token(value)
+        if value.startswith("_"):
+            raise ValueError("worker ids may not start with '_' (reserved for pool-wide subjects)")
+        return value
+
+    def resolved_model_path(self) -> Path:
+        return self.model_path or models_dir() / self.base_model
+
+    def resolved_disk_cache_dir(self) -> Path:
+        return self.disk_cache_dir or lpx_home() / "adapter-cache" / self.worker_id
