@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from libs.cli import demo, model, plan, simulate, stack
+from libs.cli import demo, model, plan, registry_cmds, simulate, stack
 
 app = typer.Typer(
     name="lpx",
@@ -17,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (stack, model, demo, plan, simulate):
+for module in (stack, model, demo, plan, simulate, registry_cmds):
     module.register(app)
 
 

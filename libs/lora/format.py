@@ -118,7 +118,7 @@ def read_adapter(directory: Path) -> AdapterFiles:
         raise AdapterFormatError(f"{CONFIG_FILE} must hold a JSON object")
     tensors: dict[str, LoraTensor] = {}
     try:
-        with safe_open(str(directory / WEIGHTS_FILE), framework="pt") as handle:
+        with safe_open(str(directory / WEIGHTS_FILE), framework="numpy") as handle:  # headers only: no torch needed
             for key in handle.keys():
                 tensors[key] = _describe(key, handle.get_slice(key))
     except AdapterFormatError:

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from libs.contracts import AdapterRef
 from libs.models.catalog import BaseModelSpec
@@ -119,12 +119,16 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = str(getattr(exc, "orig", exc)).splitlines()[0]
         return JSONResponse(status_code=409, content={"error": "conflict", "detail": detail})
 
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def database_error(_: Request, exc: Exception) -> JSONResponse:
         if is_unavailable(exc):
             return JSONResponse(status_code=503, content={"error": "unavailable",
                                                           "detail": "registry database unavailable; retry"})
         return JSONResponse(status_code=500, content={"error": "internal", "detail": type(exc).__name__})
+
+    # Registered per class (not for Exception) so they answer inside the app instead of in the
+    # outermost error middleware, which would re-raise after answering.
+    for cls in (DBAPIError, OSError):
+        app.add_exception_handler(cls, database_error)
 
 
 # --- health -----------------------------------------------------------------------------------

@@ -54,16 +54,26 @@ async def migrate(dsn: str) -> None:
     await asyncio.to_thread(upgrade_head, dsn)
 
 
+# Driver errors that mean "the server went away or is not accepting connections yet".
+_UNAVAILABLE_NAMES = {"ConnectionDoesNotExistError", "CannotConnectNowError", "ConnectionFailureError",
+                      "PostgresConnectionError", "AdminShutdownError", "CrashShutdownError", "InterfaceError",
+                      "TooManyConnectionsError"}  # fmt: skip
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """True when the database could not be reached or dropped the connection (retry later)."""
-    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    if isinstance(exc, sa_exc.InterfaceError | sa_exc.OperationalError | OSError | ConnectionError):
-        return True
-    name = type(exc).__name__
-    cause = exc.__cause__ or exc.__context__
-    if name in {"ConnectionDoesNotExistError", "CannotConnectNowError", "InterfaceError", "ConnectionFailureError"}:
-        return True
-    if isinstance(exc, sa_exc.DBAPIError) and cause is not None and cause is not exc:
-        return is_unavailable(cause)
+    """True when the database could not be reached or dropped the connection (retry later), looking
+    through SQLAlchemy's wrappers down to the driver's error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, OSError | ConnectionError | TimeoutError | sa_exc.InterfaceError):
+            return True
+        if type(current).__name__ in _UNAVAILABLE_NAMES:
+            return True
+        if "connection was closed" in str(current) or "connection is closed" in str(current):
+            return True
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
     return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
 from libs.contracts import EvaluationResult, subjects
@@ -58,7 +59,6 @@ async def apply_verdict(ctx: RegistryContext, result: EvaluationResult) -> Verdi
 def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
     from faststream import AckPolicy
     from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, PullSub
-    from faststream.nats.annotations import NatsMessage
 
     policy = DeliverPolicy.NEW if ctx.settings.eval_deliver_policy == "new" else DeliverPolicy.ALL
 

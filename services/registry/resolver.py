@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
 from libs.contracts import ResolveReply, ResolveRequest, subjects
@@ -45,7 +46,6 @@ def _reply_code(exc: RegistryError) -> str:
 
 
 def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
-    from faststream.nats.annotations import NatsMessage
 
     @broker.subscriber(subjects.RESOLVE, queue=QUEUE_GROUP)
     async def on_resolve(msg: NatsMessage) -> ResolveReply:

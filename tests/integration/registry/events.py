@@ -22,7 +22,7 @@ async def stream_messages(nats_url: str, stream: str, subject: str) -> list:
         while True:
             try:
                 batch = await sub.fetch(256, timeout=0.5)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 break
             found.extend(batch)
             for msg in batch:

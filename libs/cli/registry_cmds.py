@@ -1,0 +1,234 @@
+"""`lpx tenant|adapter|base ...`: the registry's admin CLI, a thin client of its HTTP API.
+
+The registry is found at LPX_REGISTRY_URL (default http://127.0.0.1:8100) and admin calls carry
+LPX_REGISTRY_ADMIN_TOKEN; both may also come from the stack env file. Refusals print the registry's
+own reason and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+from rich.table import Table
+
+from libs.paths import stack_env_file
+
+UPLOAD_CHUNK = 1 << 16
+err = Console(stderr=True)
+out = Console()
+
+tenant_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+adapter_app = typer.Typer(help="Adapters: push versions, list, show, history, rollback.", no_args_is_help=True)
+base_app = typer.Typer(help="Base models known to the registry.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tenant_app, name="tenant")
+    app.add_typer(adapter_app, name="adapter")
+    app.add_typer(base_app, name="base")
+
+
+class RegistryClientSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LPX_REGISTRY_", extra="ignore")
+
+    url: str = "http://127.0.0.1:8100"
+    admin_token: SecretStr | None = None
+    timeout_s: float = 120.0
+
+
+def _client():
+    import httpx
+
+    env_file = stack_env_file()
+    settings = RegistryClientSettings(_env_file=env_file if env_file.is_file() else None)
+    headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"} if settings.admin_token else {}
+    return httpx.Client(base_url=settings.url, headers=headers, timeout=settings.timeout_s)
+
+
+def _call(method: str, path: str, **kwargs):
+    """One API call; any refusal becomes the registry's message and exit status 1."""
+    import httpx
+
+    try:
+        with _client() as client:
+            reply = client.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the registry: {exc}")
+    return _checked(reply)
+
+
+def _checked(reply):
+    if reply.status_code >= 400:
+        try:
+            body = reply.json()
+            code, detail = body.get("error", reply.status_code), body.get("detail", reply.text)
+        except ValueError:
+            code, detail = reply.status_code, reply.text
+        _fail(f"{detail} ({code})")
+    return reply.json()
+
+
+def _fail(message: str):
+    err.print(f"[red]refused:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _split(ref: str, what: str) -> tuple[str, str]:
+    tenant, sep, name = ref.partition("/")
+    if not sep or not tenant or not name:
+        _fail(f"expected TENANT/{what.upper()}, got {ref!r}")
+    return tenant, name
+
+
+# --- tenants -----------------------------------------------------------------------------------
+@tenant_app.command("create")
+def tenant_create(name: str) -> None:
+    """Create a tenant and print its API key (shown this once; only its hash is stored)."""
+    created = _call("POST", "/v1/tenants", json={"name": name})
+    err.print(f"tenant [bold]{created['tenant']}[/bold] created. Its API key (store it now, it is not shown again):")
+    out.print(created["api_key"], markup=False, highlight=False)
+
+
+@tenant_app.command("list")
+def tenant_list() -> None:
+    """Every tenant."""
+    table = Table("tenant", "created")
+    for row in _call("GET", "/v1/tenants"):
+        table.add_row(row["name"], row["created_at"])
+    out.print(table)
+
+
+# --- base models -------------------------------------------------------------------------------
+@base_app.command("register")
+def base_register(name: str, path: Path = typer.Argument(..., help="model directory (or its config.json)")) -> None:
+    """Record a base model's architecture, module shapes and checksum from its config.json."""
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        _fail(f"{config_path} not found: PATH must be a model directory with a config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _fail(f"{config_path} is not valid JSON: {exc}")
+    row = _call("POST", "/v1/base-models", json={"name": name, "config": config})
+    out.print(f"base [bold]{row['name']}[/bold]: {row['architecture']}, {row['num_layers']} layers, "
+              f"checksum {row['checksum'][:16]}...")  # fmt: skip
+
+
+@base_app.command("list")
+def base_list() -> None:
+    """Every base model the registry validates against."""
+    table = Table("name", "architecture", "layers", "modules", "checksum")
+    for row in _call("GET", "/v1/base-models"):
+        table.add_row(row["name"], row["architecture"], str(row["num_layers"]), ", ".join(row["module_shapes"]),
+                      row["checksum"][:16])  # fmt: skip
+    out.print(table)
+
+
+# --- adapters ----------------------------------------------------------------------------------
+@adapter_app.command("push")
+def adapter_push(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+                 path: Path = typer.Argument(..., help="PEFT adapter directory"),
+                 base: str = typer.Option(..., "--base", help="base model name (lpx base list)")) -> None:  # fmt: skip
+    """Push a new version (validated by the registry; the same content twice is one version)."""
+    tenant, name = _split(ref, "name")
+    if not path.is_dir():
+        _fail(f"{path} is not a directory")
+    files = [p for p in sorted(path.iterdir()) if p.is_file()]
+    version, created = _push_with_progress(tenant, name, base, files)
+    verb = "registered" if created else "already registered as"
+    out.print(f"{verb} [bold]{tenant}/{version['alias']}[/bold] (digest {version['digest'][:16]}..., "
+              f"rank {version['rank']}, {version['status']})")  # fmt: skip
+
+
+def _push_with_progress(tenant: str, name: str, base: str, files: list[Path]) -> tuple[dict, bool]:
+    import httpx
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with _client() as client:
+        request = client.build_request("POST", "/v1/adapters", data={"tenant": tenant, "adapter": name,
+                                                                     "base_model": base},
+                                       files=[("files", (p.name, p.read_bytes())) for p in files])  # fmt: skip
+        body = request.read()
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=err) as bar:  # fmt: skip
+            task = bar.add_task(f"uploading {tenant}/{name}", total=len(body))
+
+            def chunks() -> Iterator[bytes]:
+                for start in range(0, len(body), UPLOAD_CHUNK):
+                    piece = body[start:start + UPLOAD_CHUNK]
+                    bar.advance(task, len(piece))
+                    yield piece
+
+            try:
+                reply = client.send(client.build_request("POST", "/v1/adapters", content=chunks(),
+                                                         headers=dict(request.headers)))  # fmt: skip
+            except httpx.HTTPError as exc:
+                _fail(f"cannot reach the registry: {exc}")
+    return _checked(reply)["version"], reply.status_code == 201
+
+
+@adapter_app.command("list")
+def adapter_list(tenant: str | None = typer.Argument(None)) -> None:
+    """Adapters (of one tenant, or all), with the version their aliases serve."""
+    table = Table("tenant", "adapter", "versions", "serving", "aliases")
+    for row in _call("GET", "/v1/adapters", params={"tenant": tenant} if tenant else {}):
+        serving = f"v{row['current_version']}" if row["current_version"] else "-"
+        table.add_row(row["tenant"], row["name"], str(row["latest_number"]), serving, ", ".join(row["aliases"]))
+    out.print(table)
+
+
+@adapter_app.command("show")
+def adapter_show(ref: str = typer.Argument(..., metavar="TENANT/ALIAS")) -> None:
+    """The version an alias points at (`name` follows the active version, `name-vN` pins N)."""
+    tenant, alias = _split(ref, "alias")
+    out.print_json(data=_call("GET", f"/v1/tenants/{tenant}/aliases/{alias}"))
+
+
+@adapter_app.command("history")
+def adapter_history(ref: str = typer.Argument(..., metavar="TENANT/NAME")) -> None:
+    """Every version of an adapter, oldest first, with its status and why."""
+    tenant, name = _split(ref, "name")
+    table = Table("version", "status", "serving", "digest", "rank", "base", "created", "reason")
+    for v in _call("GET", f"/v1/tenants/{tenant}/adapters/{name}/versions"):
+        table.add_row(f"v{v['number']}", v["status"], "*" if v["current"] else "", v["digest"][:12], str(v["rank"]),
+                      v["base_model"], v["created_at"][:19], v["status_reason"])  # fmt: skip
+    out.print(table)
+
+
+@adapter_app.command("rollback")
+def adapter_rollback(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+                     to: int | None = typer.Option(None, "--to", help="version number (default: the previous "
+                                                                         "active one)")) -> None:  # fmt: skip
+    """Move the adapter's aliases back to an earlier active version."""
+    tenant, name = _split(ref, "name")
+    version = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/rollback", json={"to_version": to})
+    out.print(f"{tenant}/{name} now serves v{version['number']} (digest {version['digest'][:16]}...)")
+
+
+@adapter_app.command("activate")
+def adapter_activate(ref: str = typer.Argument(..., metavar="TENANT/NAME"), version: int = typer.Argument(...),
+                     override: bool = typer.Option(False, "--override", help="required: skips the eval gate"),
+                     actor: str = typer.Option(..., "--actor", help="who takes the decision"),
+                     reason: str = typer.Option(..., "--reason")) -> None:  # fmt: skip
+    """Admin override: activate a version without a passing evaluation (recorded with actor and reason)."""
+    if not override:
+        _fail("activation without a passing evaluation is an admin override: pass --override explicitly")
+    tenant, name = _split(ref, "name")
+    body = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/versions/{version}/activate",
+                 json={"actor": actor, "reason": reason})  # fmt: skip
+    out.print(f"{tenant}/{name}-v{body['number']} is {body['status']} (override by {body['override_by']})")
+
+
+@adapter_app.command("retire")
+def adapter_retire(ref: str = typer.Argument(..., metavar="TENANT/NAME"), version: int = typer.Argument(...),
+                   reason: str = typer.Option("", "--reason")) -> None:  # fmt: skip
+    """Retire an active version (not the one the aliases serve: roll back first)."""
+    tenant, name = _split(ref, "name")
+    body = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/versions/{version}/retire", json={"reason": reason})
+    out.print(f"{tenant}/{name}-v{body['number']} is {body['status']}")

@@ -1,0 +1,87 @@
+"""Alembic migrations on a real PostgreSQL: head matches the SQLModel tables, versions are
+immutable at the database level, and the schema downgrades and upgrades cleanly."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from services.registry.db import make_engine, migrate
+from tests.integration.registry.conftest import create_database
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+async def migrated(connections) -> str:
+    dsn = await create_database(connections)
+    await migrate(dsn)
+    await migrate(dsn)  # idempotent: a second start finds the schema at head
+    return dsn
+
+
+async def test_head_matches_the_models(migrated):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    import services.registry.models  # noqa: F401
+
+    engine = make_engine(migrated)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(lambda sync: compare_metadata(
+                MigrationContext.configure(sync, opts={"compare_type": True}), SQLModel.metadata))  # fmt: skip
+    finally:
+        await engine.dispose()
+    assert diff == []
+
+
+async def test_version_content_is_immutable_in_the_database(migrated):
+    engine = make_engine(migrated)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "INSERT INTO tenants (name, created_at) VALUES ('t', now());"))  # fmt: skip
+            await conn.execute(text(
+                "INSERT INTO base_models (name, architecture, num_layers, module_shapes, checksum, source, spec,"
+                " created_at) VALUES ('b', 'x', 1, '{}', 'c', '', '{}', now())"))  # fmt: skip
+            await conn.execute(text(
+                "INSERT INTO adapters (tenant_id, name, latest_number, created_at) VALUES (1, 'a', 1, now())"))
+            await conn.execute(text(
+                "INSERT INTO adapter_versions (adapter_id, number, digest, base_model_id, base_model, rank, alpha,"
+                " target_modules, dtype, size_bytes, object_key, file_digests, created_at, status, status_reason,"
+                " status_changed_at) VALUES (1, 1, repeat('a', 64), 1, 'b', 8, 16, '[]', 'float32', 1, 'k', '{}',"
+                " now(), 'pending', '', now())"))  # fmt: skip
+        async with engine.begin() as conn:  # lifecycle columns may change
+            await conn.execute(text("UPDATE adapter_versions SET status = 'evaluating'"))
+        for change in ("digest = repeat('b', 64)", "rank = 64", "object_key = 'elsewhere'", "number = 2"):
+            with pytest.raises(DBAPIError, match="immutable"):
+                async with engine.begin() as conn:
+                    await conn.execute(text(f"UPDATE adapter_versions SET {change}"))
+        with pytest.raises(DBAPIError, match="ck_versions_status"):
+            async with engine.begin() as conn:
+                await conn.execute(text("UPDATE adapter_versions SET status = 'serving'"))
+    finally:
+        await engine.dispose()
+
+
+async def test_downgrade_and_upgrade_again(connections):
+    import asyncio
+
+    from alembic import command
+
+    from services.registry.db import alembic_config
+
+    dsn = await create_database(connections)
+    await migrate(dsn)
+    await asyncio.to_thread(command.downgrade, alembic_config(dsn), "base")
+    engine = make_engine(dsn)
+    try:
+        async with engine.connect() as conn:
+            tables = (await conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))).all()
+        assert {t for (t,) in tables} <= {"alembic_version"}
+    finally:
+        await engine.dispose()
+    await migrate(dsn)
