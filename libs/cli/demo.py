@@ -6,16 +6,10 @@ and print it, then say what was started and how to stop it.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import typer
 from rich.console import Console
-from rich.panel import Panel
 
 console = Console()
-
-DEFAULT_QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 def register(app: typer.Typer) -> None:
@@ -23,45 +17,31 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    question: str = typer.Option(DEFAULT_QUESTION, help="what to ask the base model"),
-    max_tokens: int = typer.Option(64, help="answer length in tokens"),
     base: str = typer.Option("smollm2-135m", help="base model from the catalogue"),
 ) -> None:
-    """Run the platform end to end on local defaults and print a real model answer."""
+    """Run the platform end to end on local defaults: stack, base model, tenants' adapters trained and
+    registered, a worker, and one mixed batch answered with each tenant's own adapter."""
+    from rich.table import Table
+
     from libs.cli.stack import _print_status
+    from libs.demo import flow
     from libs.models.bootstrap import fetch
     from libs.stack import Stack, StackConfig
 
     stack = Stack(StackConfig())
-    with console.status("1/3 starting the local stack (NATS JetStream, PostgreSQL, S3)..."):
+    with console.status("1/4 starting the local stack (NATS JetStream, PostgreSQL, S3)..."):
         stack.up(on_event=lambda msg: console.log(msg))
-    with console.status(f"2/3 fetching base model {base}..."):
+    with console.status(f"2/4 fetching base model {base}..."):
         model = fetch(base)
     console.log(f"base model ready at {model.path}")
-    with console.status("3/3 starting vLLM (AsyncLLM) and generating (~1 min on CPU)..."):
-        answer, stats = asyncio.run(_generate(model.path, question, max_tokens))
-    console.print(Panel(answer.strip(), title=f"{base} via vLLM: {question}", subtitle=stats))
+    with console.status("3/4 adapters, registry, worker (first run trains two adapters: ~2 min on CPU)..."):
+        answers = flow.run(stack, model.path, log=lambda msg: console.log(msg))
+    table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
+    for col in ("tenant", "model", "answer", "adapter applied", "tier", "s"):
+        table.add_column(col, overflow="fold")
+    for a in answers:
+        table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], a.tier, f"{a.seconds:.1f}")
+    console.print(table)
     _print_status(stack)
-    console.print("The stack keeps running for the next steps; stop it with [bold]make down[/bold] "
-                  "(or `lpx stack down`).")  # fmt: skip
-
-
-async def _generate(model_path, question: str, max_tokens: int) -> tuple[str, str]:
-    import os
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the demo shows our output, not vLLM's
-    from libs.engine import EngineConfig, GenerationRequest, create_engine
-
-    engine = create_engine(EngineConfig(model_path=model_path, enable_lora=False))
-    started = time.monotonic()
-    await engine.start()
-    ready = time.monotonic()
-    text, tokens = "", 0
-    request = GenerationRequest("demo-1", messages=[{"role": "user", "content": question}], max_tokens=max_tokens)
-    async for chunk in engine.generate(request):
-        text += chunk.text
-        tokens = chunk.completion_tokens
-    elapsed = time.monotonic() - ready
-    await engine.shutdown()
-    stats = f"engine start {ready - started:.0f}s, {tokens} tokens in {elapsed:.1f}s ({tokens / elapsed:.0f} tok/s)"
-    return text, stats
+    console.print("The stack keeps running; stop it with [bold]make down[/bold] (or `lpx stack down`). "
+                  f"Service logs: {flow.lpx_home() / 'demo' / 'logs'}")  # fmt: skip

@@ -33,19 +33,25 @@ log = logging.getLogger(__name__)
 
 
 class Capacity:
-    """How many more requests the worker may take: pulls never exceed what the engine can batch."""
+    """How many more requests the worker may take, shared by its two pull loops.
+
+    A loop waits for free room, fetches at most that many, and only then takes what actually arrived:
+    room is never held by a loop long-polling an empty consumer (which would starve the other loop).
+    The two loops can together overshoot the limit by at most one batch, briefly.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
         self._changed = asyncio.Condition()
 
-    async def take_up_to(self, most: int) -> int:
+    async def wait_for_room(self) -> int:
         async with self._changed:
             await self._changed.wait_for(lambda: self.used < self.limit)
-            granted = min(most, self.limit - self.used)
-            self.used += granted
-            return granted
+            return self.limit - self.used
+
+    def take(self, count: int) -> None:
+        self.used += count
 
     async def give_back(self, count: int = 1) -> None:
         async with self._changed:
@@ -67,6 +73,7 @@ class Worker:
         )  # fmt: skip
         self.capacity = Capacity(settings.capacity)
         self.queue_depth = 0
+        self.handed_off = 0
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
@@ -125,16 +132,17 @@ class Worker:
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        log.debug("drain: pulling stopped", extra={"worker": self.worker_id})
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.drain_timeout_s)
-        handed = await self._hand_off_backlog()
-        await self.heartbeat.stop()
+        log.debug("drain: in-flight finished", extra={"worker": self.worker_id})
+        await _bounded(self._hand_off_backlog(), 60, "hand-off")
+        await _bounded(self.heartbeat.stop(), 10, "heartbeat stop")
         for sub in (self._prewarm_sub, self.own, self.shared):
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
-        log.info("drained", extra={"worker": self.worker_id, "handed_off": handed})
+            await _bounded(sub.unsubscribe(), 5, "unsubscribe")
+        if not await _bounded(self.nc.drain(), 15, "nats drain"):
+            await _bounded(self.nc.close(), 5, "nats close")
+        log.info("drained", extra={"worker": self.worker_id, "handed_off": self.handed_off})
 
     async def close(self) -> None:
         await self.engine.shutdown()
@@ -143,20 +151,16 @@ class Worker:
     # --- pulling -------------------------------------------------------------------------------
     async def _pull_loop(self, sub, timeout_s: float) -> None:
         while not self._stopping.is_set():
-            granted = await self.capacity.take_up_to(16)
+            room = min(16, await self.capacity.wait_for_room())
             try:
-                msgs = await sub.fetch(batch=granted, timeout=timeout_s)
+                msgs = await sub.fetch(batch=room, timeout=timeout_s)
             except (TimeoutError, NatsTimeout):
-                msgs = []
-            except asyncio.CancelledError:
-                await self.capacity.give_back(granted)
-                raise
+                continue
             except Exception:  # noqa: BLE001 - connection blips: back off and keep going
                 log.warning("fetch failed", exc_info=True)
-                msgs = []
                 await asyncio.sleep(0.5)
-            if len(msgs) < granted:
-                await self.capacity.give_back(granted - len(msgs))
+                continue
+            self.capacity.take(len(msgs))
             for msg in msgs:
                 self._spawn(msg)
 
@@ -191,7 +195,7 @@ class Worker:
                 await self.js.publish(subjects.infer_any(self.settings.pool, adapter_token), msg.data,
                                       headers=inject_headers(headers))  # fmt: skip
                 await msg.ack()
-                moved += 1
+                self.handed_off += 1
 
     async def _watch_queue(self) -> None:
         while True:
@@ -237,3 +241,13 @@ class Worker:
                 log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
         log.info("prewarmed adapters", extra={"count": len(warmed)})
         return warmed
+
+
+async def _bounded(awaitable, timeout_s: float, what: str) -> bool:
+    """Run one drain step with a time limit: a stuck step must not keep the worker from exiting."""
+    try:
+        await asyncio.wait_for(awaitable, timeout_s)
+        return True
+    except Exception as exc:  # noqa: BLE001 - logged; the drain goes on
+        log.warning("drain step %s did not finish cleanly: %s", what, type(exc).__name__)
+        return False

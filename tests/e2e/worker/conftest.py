@@ -109,7 +109,10 @@ async def client(connections):
     c = Client(nc, nc.jetstream())
     await c.start()
     yield c
-    await nc.drain()
+    try:
+        await asyncio.wait_for(nc.drain(), 10)
+    except Exception:  # noqa: BLE001
+        await nc.close()
 
 
 def worker_settings(connections, tmp_path, worker_id: str, **overrides):

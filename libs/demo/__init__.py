@@ -1,0 +1,1 @@
+"""Demo data and orchestration for `lpx demo` (written for this project)."""
