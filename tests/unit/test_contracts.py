@@ -81,14 +81,14 @@ def _covers(pattern: str, subject: str) -> bool:
 
 
 def test_every_published_subject_lands_in_exactly_one_stream():
-    samples = [subjects.infer("p", "w", "a"), subjects.SUBMIT, subjects.results("r1"),
+    samples = [subjects.infer("p", "w", "a"), subjects.infer_any("p", "a"), subjects.SUBMIT, subjects.results("r1"),
                subjects.adapter_event("registered"), subjects.EVALUATED, subjects.TRAIN_JOBS,
                subjects.dead_letter("gateway")]  # fmt: skip
     for sample in samples:
         owners = [s.name for s in subjects.STREAMS if any(_covers(p, sample) for p in s.subjects)]
         assert len(owners) == 1, (sample, owners)
     # Ephemeral subjects must not be captured by any stream.
-    for ephemeral in (subjects.tokens("r1"), subjects.RESOLVE, subjects.train_progress("j1")):
+    for ephemeral in (subjects.tokens("r1"), subjects.RESOLVE, subjects.train_progress("j1"), subjects.prewarm("p")):
         assert not any(_covers(p, ephemeral) for s in subjects.STREAMS for p in s.subjects), ephemeral
 
 
@@ -105,3 +105,22 @@ def test_dead_letter_keeps_payload_and_reason():
     dl = dead_letter("worker", "lpx.infer.p.w.a", "invalid JSON", b"\xff{not json", {"Nats-Msg-Id": "1"})
     assert isinstance(dl, DeadLetter)
     assert dl.reason == "invalid JSON" and "{not json" in dl.payload and dl.headers == {"Nats-Msg-Id": "1"}
+
+
+def test_pool_subject_never_overlaps_a_worker_filter():
+    from libs.contracts.subjects import ANY_WORKER
+
+    assert not _covers(subjects.infer_worker_filter("p", "w1"), subjects.infer_any("p", "a"))
+    assert _covers(subjects.infer_any_filter("p"), subjects.infer_any("p", "a"))
+    assert ANY_WORKER.startswith("_")
+
+
+def test_worker_ids_may_not_take_the_pool_token():
+    from pydantic import ValidationError as VE
+
+    from services.worker.settings import WorkerSettings
+
+    with pytest.raises(VE):
+        WorkerSettings(worker_id="_any")
+    with pytest.raises(VE):
+        WorkerSettings(worker_id="a.b")

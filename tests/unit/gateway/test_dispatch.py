@@ -1,0 +1,173 @@
+"""Dispatcher logic with fake NATS: routing through libs.routing, in-flight accounting, the digest
+check (a mismatch is an error and a counted alert), first result wins, deadlines, re-routing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+
+from libs.contracts import AdapterRef, InferenceRequest, InferenceResult, WorkerHeartbeat, subjects
+from services.gateway.dispatch import DigestMismatch, Dispatcher
+from services.gateway.errors import GatewayError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.pool_view import select_pool
+from services.gateway.reroute import Rerouter
+
+REF = AdapterRef(digest="a" * 64, object_key="k", base_model="llama", rank=16)
+OTHER = "b" * 64
+
+
+class FakeJS:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes, dict]] = []
+
+    async def publish(self, subject, data, headers=None):
+        self.published.append((subject, data, headers or {}))
+
+
+class FakePools:
+    def __init__(self, workers: list[str]) -> None:
+        self.set(workers)
+        self._kv = None
+
+    def set(self, workers):
+        self.live = {w: WorkerHeartbeat(worker_id=w, pool="p", base_model="llama", max_rank=16, capacity=8,
+                                        in_flight=0) for w in workers}  # fmt: skip
+
+    def select(self, base, rank):
+        return select_pool(self.live, base, rank)
+
+    def pool_workers(self, pool):
+        return tuple(sorted(self.live))
+
+
+@dataclass
+class Msg:
+    data: bytes
+    subject: str = "lpx.results.x"
+
+
+def make(workers=("w1", "w2")):
+    reader = InMemoryMetricReader()
+    metrics = GatewayMetrics.create(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    js, pools = FakeJS(), FakePools(list(workers))
+    tracer = TracerProvider().get_tracer("t")
+    return Dispatcher(None, js, pools, metrics, tracer=tracer), js, pools, reader
+
+
+def request(rid: str, adapter=REF) -> InferenceRequest:
+    return InferenceRequest(request_id=rid, tenant_id="acme", base_model="llama", adapter=adapter, prompt="hi",
+                            deadline=time.time() + 30)  # fmt: skip
+
+
+def result(rid: str, digest: str | None, worker: str = "w1", ok: bool = True) -> Msg:
+    return Msg(InferenceResult(request_id=rid, worker_id=worker, ok=ok, text="ahoy",
+                               adapter_digest_applied=digest).model_dump_json().encode())  # fmt: skip
+
+
+def counter(reader, name: str) -> float:
+    total = 0
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    total += sum(p.value for p in metric.data.data_points)
+    return total
+
+
+async def test_routes_with_affinity_and_publishes_with_msg_id():
+    d, js, _, _ = make()
+    job = await d.submit(request("r1"), rank=16)
+    subject, _, headers = js.published[0]
+    assert subject == subjects.infer("p", job.worker, REF.digest) and headers["Nats-Msg-Id"] == "r1"
+    assert headers["traceparent"].startswith("00-")  # the worker continues the gateway's trace
+    job2 = await d.submit(request("r2"), rank=16)
+    assert job2.worker == job.worker  # same adapter, light load: the same (primary) worker
+    assert d.loads[job.worker] == 2 and d.adapter_loads["p"][REF.digest] == 2
+
+
+async def test_digest_mismatch_is_an_error_and_counted():
+    d, _, _, reader = make()
+    job = await d.submit(request("r1"), rank=16)
+    await d._on_result(result("r1", OTHER))
+    with pytest.raises(DigestMismatch) as info:
+        await d.wait(job, time.time() + 5)
+    assert info.value.status == 502 and info.value.code == "adapter_digest_mismatch"
+    assert counter(reader, "lpx_gateway_digest_mismatch") == 1
+    assert not d.jobs and not d.loads
+
+
+async def test_base_request_answered_with_an_adapter_is_a_mismatch_too():
+    d, _, _, _ = make()
+    job = await d.submit(request("r1", adapter=None), rank=None)
+    assert job.token == "base"
+    await d._on_result(result("r1", REF.digest))
+    with pytest.raises(DigestMismatch):
+        await d.wait(job, time.time() + 5)
+
+
+async def test_matching_digest_succeeds_and_later_results_are_dropped():
+    d, _, _, reader = make()
+    job = await d.submit(request("r1"), rank=16)
+    await d._on_result(result("r1", REF.digest))
+    await d._on_result(result("r1", REF.digest, worker="w2"))
+    assert (await d.wait(job, time.time() + 5)).worker_id == "w1"
+    assert counter(reader, "lpx_gateway_duplicate_results") == 1
+
+
+async def test_worker_errors_and_deadlines():
+    d, _, _, _ = make()
+    job = await d.submit(request("r1"), rank=16)
+    await d._on_result(result("r1", None, ok=False))
+    with pytest.raises(GatewayError):
+        await d.wait(job, time.time() + 5)
+    job = await d.submit(request("r2"), rank=16)
+    with pytest.raises(GatewayError) as info:
+        await d.wait(job, time.time() + 0.05)
+    assert info.value.status == 504 and "r2" not in d.jobs and not d.loads
+
+
+async def test_no_live_worker_is_503():
+    d, _, _, _ = make(workers=())
+    with pytest.raises(GatewayError) as info:
+        await d.submit(request("r1"), rank=16)
+    assert info.value.status == 503
+
+
+async def test_lost_worker_requests_are_rerouted_to_live_ones():
+    d, js, pools, reader = make(workers=("w1", "w2"))
+    jobs = [await d.submit(request(f"r{i}"), rank=16) for i in range(4)]
+    victim = jobs[0].worker
+    survivor = ({"w1", "w2"} - {victim}).pop()
+    stranded = [j for j in jobs if j.worker == victim]
+    pools.set([survivor])
+    rerouter = Rerouter(d)
+    assert await rerouter.reroute(victim, reason="lost") == len(stranded)
+    moved = js.published[len(jobs):]
+    assert {s for s, _, _ in moved} == {subjects.infer("p", survivor, REF.digest)}
+    assert all(h["Nats-Msg-Id"].endswith("-reroute-2") for _, _, h in moved)
+    assert d.loads.get(victim, 0) == 0 and d.loads[survivor] == 4
+    pools.set([])
+    await rerouter.reroute(survivor, reason="lost")  # nobody left: the pool-shared subject
+    assert js.published[-1][0] == subjects.infer_any("p", REF.digest)
+    await asyncio.sleep(0)
+    assert counter(reader, "lpx_gateway_reroutes") == len(stranded) + 4
+
+
+async def test_streaming_events_end_with_the_checked_result():
+    d, _, _, _ = make()
+    job = await d.submit(request("r1"), rank=16, stream=True)
+    from libs.contracts import TokenDelta
+
+    for i, piece in enumerate(["ah", "o"]):
+        await d._on_token(Msg(TokenDelta(request_id="r1", index=i, text=piece).model_dump_json().encode(),
+                              subject=subjects.tokens("r1")))  # fmt: skip
+    await d._on_result(result("r1", REF.digest))  # full text "ahoy": the missing "y" comes last
+    events = [e async for e in d.events(job, time.time() + 5)]
+    assert events[:-1] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)

@@ -1,0 +1,46 @@
+"""Pool choice from heartbeats: base model, smallest sufficient max rank, liveness."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.contracts import WorkerHeartbeat
+from services.gateway.pool_view import NoPoolError, live_workers, select_pool
+
+
+def beat(worker: str, pool: str, base: str = "llama", rank: int = 16, ts: float = 1000.0) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=worker, pool=pool, base_model=base, max_rank=rank, capacity=8, in_flight=0, ts=ts)
+
+
+def view(*beats: WorkerHeartbeat) -> dict[str, WorkerHeartbeat]:
+    return {b.worker_id: b for b in beats}
+
+
+def test_smallest_rank_that_fits():
+    live = view(beat("a", "r16", rank=16), beat("b", "r64", rank=64), beat("c", "r64", rank=64))
+    assert select_pool(live, "llama", 8).pool == "r16"
+    assert select_pool(live, "llama", 16).pool == "r16"
+    choice = select_pool(live, "llama", 32)
+    assert choice.pool == "r64" and choice.workers == ("b", "c") and choice.max_rank == 64
+    with pytest.raises(NoPoolError):
+        select_pool(live, "llama", 128)
+
+
+def test_base_model_must_match():
+    live = view(beat("a", "old", base="llama"), beat("b", "new", base="llama-next"))
+    assert select_pool(live, "llama-next", 16).pool == "new"
+    with pytest.raises(NoPoolError):
+        select_pool(live, "mistral", None)
+
+
+def test_base_requests_take_the_largest_pool_of_that_base():
+    live = view(beat("a", "r16"), beat("b", "r64", rank=64), beat("c", "r64", rank=64))
+    assert select_pool(live, "llama", None).pool == "r64"
+    assert select_pool(view(beat("a", "r16"), beat("b", "r64", rank=64)), "llama", None).pool == "r16"
+
+
+def test_stale_heartbeats_are_not_live():
+    beats = [beat("fresh", "p", ts=100.0), beat("stale", "p", ts=80.0)]
+    assert set(live_workers(beats, now=105.0, staleness_s=10.0)) == {"fresh"}
+    with pytest.raises(NoPoolError):
+        select_pool(live_workers(beats, now=200.0, staleness_s=10.0), "llama", None)

@@ -1,0 +1,139 @@
+"""Resolver cache: TTLs, negative caching, invalidation by registry events, stale serving while the
+registry is unavailable, single-flight lookups, no raw keys in cache keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.contracts import AdapterEvent, AdapterRef, ResolveReply, ResolveRequest, TenantAuthReply, subjects
+from services.gateway.resolver_cache import ResolverCache
+
+KEY = "lpx_acme_0123456789abcdef_" + "cd" * 32
+REF = AdapterRef(digest="a" * 64, object_key="adapters/a", base_model="llama", rank=16)
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.replies: dict[str, object] = {}
+        self.calls: list[tuple[str, bytes]] = []
+        self.down = False
+        self.slow = 0.0
+
+    async def __call__(self, subject: str, payload: bytes, timeout: float) -> bytes:
+        self.calls.append((subject, payload))
+        if self.slow:
+            await asyncio.sleep(self.slow)
+        if self.down == "timeout":
+            raise TimeoutError
+        if self.down:
+            reply = ResolveReply(found=False, code="unavailable", error="db down") if subject == subjects.RESOLVE \
+                else TenantAuthReply(ok=False, code="unavailable")  # fmt: skip
+            return reply.model_dump_json().encode()
+        if subject == subjects.RESOLVE:
+            alias = ResolveRequest.model_validate_json(payload).alias
+            return self.replies[alias].model_dump_json().encode()
+        return self.replies["__auth__"].model_dump_json().encode()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(registry, clock, **kw):
+    return ResolverCache(registry, ttl_s=30, negative_ttl_s=2, clock=clock, **kw)
+
+
+async def test_positive_answers_are_cached_for_their_ttl():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock)
+    assert (await cache.resolve("acme", "support", KEY)).adapter == REF
+    clock.now = 29
+    await cache.resolve("acme", "support", KEY)
+    assert len(reg.calls) == 1
+    clock.now = 31
+    await cache.resolve("acme", "support", KEY)
+    assert len(reg.calls) == 2
+
+
+async def test_negative_answers_are_cached_briefly():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["nope"] = ResolveReply(found=False, code="not_found")
+    cache = make(reg, clock)
+    for _ in range(3):
+        assert (await cache.resolve("acme", "nope", KEY)).code == "not_found"
+    assert len(reg.calls) == 1
+    clock.now = 2.5
+    reg.replies["nope"] = ResolveReply(found=True, adapter=REF, version=1)
+    assert (await cache.resolve("acme", "nope", KEY)).found
+    assert len(reg.calls) == 2
+
+
+async def test_events_invalidate_the_tenant_only():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock)
+    await cache.resolve("acme", "support", KEY)
+    await cache.resolve("other", "support", KEY)
+    registered = AdapterEvent(kind="registered", tenant="acme", adapter="support")
+    cache.on_event(registered.model_dump_json().encode())
+    assert len(cache) == 2  # a registration changes no resolution
+    moved = AdapterEvent(kind="alias_moved", tenant="acme", adapter="support", alias="support")
+    cache.on_event(moved.model_dump_json().encode())
+    assert len(cache) == 1
+    cache.on_event(b"garbage")  # ignored, not raised
+    new_ref = REF.model_copy(update={"digest": "b" * 64})
+    reg.replies["support"] = ResolveReply(found=True, adapter=new_ref, version=2)
+    assert (await cache.resolve("acme", "support", KEY)).adapter.digest == "b" * 64
+
+
+async def test_stale_entry_served_while_registry_unavailable_but_not_refusals():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    reg.replies["nope"] = ResolveReply(found=False, code="not_found")
+    cache = make(reg, clock)
+    await cache.resolve("acme", "support", KEY)
+    await cache.resolve("acme", "nope", KEY)
+    clock.now = 1000
+    for down in (True, "timeout"):
+        reg.down = down
+        assert (await cache.resolve("acme", "support", KEY)).adapter == REF
+        assert (await cache.resolve("acme", "nope", KEY)).code == "unavailable"  # never a stale refusal as success
+        assert (await cache.resolve("acme", "never-seen", KEY)).code == "unavailable"
+    assert cache.stats.stale_served == 2
+    reg.down = False
+    clock.now = 1001
+    assert (await cache.resolve("acme", "support", KEY)).found
+
+
+async def test_keys_are_separate_entries_and_never_stored_raw():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock)
+    other_key = KEY[:-1] + "e"
+    await cache.resolve("acme", "support", KEY)
+    await cache.resolve("acme", "support", other_key)
+    assert len(reg.calls) == 2  # a valid key's answer is never reused for another key
+    assert all(KEY not in repr(k) and other_key not in repr(k) for k in cache._entries)
+
+
+async def test_concurrent_lookups_share_one_request():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    reg.slow = 0.05
+    cache = make(reg, clock)
+    replies = await asyncio.gather(*(cache.resolve("acme", "support", KEY) for _ in range(10)))
+    assert all(r.found for r in replies) and len(reg.calls) == 1
+
+
+async def test_authentication_is_cached_like_resolution():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["__auth__"] = TenantAuthReply(ok=True, tenant="acme", aliases=["support"])
+    cache = make(reg, clock)
+    assert (await cache.authenticate("acme", KEY)).aliases == ["support"]
+    await cache.authenticate("acme", KEY)
+    assert [s for s, _ in reg.calls] == [subjects.AUTH]
