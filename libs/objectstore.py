@@ -13,7 +13,8 @@ from minio import Minio
 from minio.error import S3Error
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from libs.lora.format import ADAPTER_FILES, digest_of_files, file_sha256
+from libs.hashing import file_sha256
+from libs.lora.format import ADAPTER_FILES, digest_of_files
 from libs.settings import ConnectionSettings
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,9 @@ __all__ = [
     "TrainProgress",
     "DeadLetter",
     "PrewarmCommand",
+    "SubmitRequest",
+    "TenantAuthRequest",
+    "TenantAuthReply",
     "new_id",
 ]
 
@@ -250,3 +253,37 @@ class PrewarmCommand(Message):
     pool: str
     adapters: list[AdapterRef] = Field(default_factory=list)
     top_n: int | None = None  # None: the worker's own setting
+
+
+class SubmitRequest(Message):
+    """Async submission: caller -> gateway on `subjects.SUBMIT` (JetStream, Nats-Msg-Id = request_id).
+
+    The final InferenceResult lands on `subjects.results(request_id)` in the RESULTS stream; with
+    `stream`, TokenDeltas are relayed on `subjects.tokens(request_id)` (core NATS, ephemeral).
+    Resubmitting the same request_id never generates twice. Ids are at most 100 characters (the
+    gateway derives its internal work id from it)."""
+
+    request_id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_-]{1,100}$")
+    api_key: str
+    model: str  # an adapter alias of the caller's tenant, or a base model name
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stream: bool = False
+    timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)  # None: the gateway's default
+    submitted_at: float = Field(default_factory=time.time)
+
+
+class TenantAuthRequest(Message):
+    """Authenticate a tenant API key without resolving an alias (`subjects.AUTH`, request/reply)."""
+
+    api_key: str
+
+
+class TenantAuthReply(Message):
+    ok: bool
+    tenant: str | None = None
+    code: str = ""  # when not ok: unauthorized, bad_request, unavailable
+    error: str = ""
+    # The tenant's aliases that resolve to an active version now (for /v1/models).
+    aliases: list[str] = Field(default_factory=list)

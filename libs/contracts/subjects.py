@@ -31,6 +31,7 @@ EVENTS_ALL = f"{PREFIX}.events.>"
 ADAPTER_EVENTS = f"{PREFIX}.events.adapter.>"
 EVALUATED = f"{PREFIX}.events.eval.evaluated"
 RESOLVE = f"{PREFIX}.registry.resolve"  # request/reply, not stored
+AUTH = f"{PREFIX}.registry.auth"  # request/reply: TenantAuthRequest -> TenantAuthReply
 
 # --- training ----------------------------------------------------------------------------------
 TRAIN_STREAM = "LPX_TRAIN"

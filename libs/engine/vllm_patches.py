@@ -46,8 +46,8 @@ def apply() -> bool:
     """Patch the CPU LoRA gather ops in place; returns True if anything was patched."""
     import importlib
 
-    modules = [importlib.import_module(name) for name in (
-        "vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")]  # fmt: skip
+    names = ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")
+    modules = [importlib.import_module(name) for name in names]
     source = modules[0]
     patched = False
     for name in _GATHER_OPS:

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.hashing import file_sha256
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -26,14 +28,6 @@ _LORA_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:[A-Za-z_]+\.)*?([A-Za-z_]+)\.
 
 class AdapterFormatError(ValueError):
     """The files are not a loadable PEFT LoRA adapter; the message says why."""
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def digest_of_files(file_digests: dict[str, str]) -> str:

@@ -8,7 +8,6 @@ transformers' GGUF loader, and save float32 weights. Running `fetch` again verif
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.hashing import file_sha256 as sha256_file
 from libs.models.catalog import BaseModelSpec, get_spec
 from libs.paths import models_dir
 
@@ -106,14 +106,6 @@ def smoke_generate(path: Path, prompt: str = "What is the capital of France?", m
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
     return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _download_gguf(spec: BaseModelSpec, tmp: Path, progress: Progress) -> Path:

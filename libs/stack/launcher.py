@@ -212,10 +212,24 @@ class Stack:
 
     def _ensure_streams(self, state: _State) -> None:
         import asyncio
+        import threading
 
         from libs.messaging import ensure_streams
 
-        asyncio.run(ensure_streams(f"nats://127.0.0.1:{state.ports['nats']}", STREAMS))
+        # A thread of its own, so `up` also works when called from inside a running event loop.
+        failure: list[BaseException] = []
+
+        def provision() -> None:
+            try:
+                asyncio.run(ensure_streams(f"nats://127.0.0.1:{state.ports['nats']}", STREAMS))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=provision, name="lpx-stack-streams")
+        thread.start()
+        thread.join()
+        if failure:
+            raise StackError(f"could not provision JetStream streams: {failure[0]}") from failure[0]
 
     def _client_env(self, servers: list[Server]) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlmodel import SQLModel, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from libs.lora.format import file_sha256
+from libs.hashing import file_sha256
 from libs.objectstore import dataset_key
 from services.registry import aliases
 from services.registry.context import RegistryContext

@@ -1,0 +1,132 @@
+"""A small Python client for async submission over NATS (batch and event-driven callers).
+
+    async with LoraplexClient(nats_url, api_key=key) as client:
+        rid = await client.submit("support", messages=[{"role": "user", "content": "Hi"}])
+        result = await client.result(rid, timeout=60)          # an InferenceResult (ok or error)
+        async for event in client.stream(rid): ...              # str deltas, then the InferenceResult
+
+`submit` publishes a SubmitRequest to the durable submission stream with Nats-Msg-Id = request id, so
+resubmitting the same id (retries after a timeout, at-least-once producers) never generates twice.
+Results are read from the RESULTS stream, where they are kept for its retention (24 h by default).
+For streaming, call `stream()` before the request starts generating: `submit(..., stream=True)` and
+then `stream(rid)` right away, or give your own `request_id` and start `stream()` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import nats
+from nats.js.errors import NotFoundError
+
+from libs.contracts import ChatMessage, InferenceResult, SamplingParams, SubmitRequest, TokenDelta, new_id, subjects
+
+
+class LoraplexClient:
+    def __init__(self, nats_url: str, api_key: str | None = None, *, nc=None) -> None:
+        self.nats_url = nats_url
+        self.api_key = api_key
+        self._nc = nc
+        self._own = nc is None
+
+    async def connect(self) -> LoraplexClient:
+        if self._nc is None:
+            self._nc = await nats.connect(self.nats_url, name="lpx-client", max_reconnect_attempts=-1)
+        self._js = self._nc.jetstream()
+        return self
+
+    async def close(self) -> None:
+        if self._nc is not None and self._own:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        self._nc = None
+
+    async def __aenter__(self) -> LoraplexClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    @property
+    def js(self):
+        if self._nc is None:
+            raise RuntimeError("LoraplexClient is not connected: use `async with` or `await client.connect()`")
+        return self._js
+
+    async def submit(self, model: str, *, messages: Sequence[dict | ChatMessage] | None = None,
+                     prompt: str | None = None, max_tokens: int = 128, temperature: float = 0.0,
+                     top_p: float = 1.0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
+                     timeout_s: float | None = None, request_id: str | None = None,
+                     api_key: str | None = None) -> str:  # fmt: skip
+        """Queue one request; returns its request id as soon as JetStream has stored it."""
+        key = api_key or self.api_key
+        if not key:
+            raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
+        request = SubmitRequest(
+            request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
+            messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop),
+                                    seed=seed),
+            stream=stream, timeout_s=timeout_s,
+        )  # fmt: skip
+        await self.js.publish(subjects.SUBMIT, request.model_dump_json().encode(),
+                              headers={"Nats-Msg-Id": request.request_id}, stream=subjects.SUBMIT_STREAM)  # fmt: skip
+        return request.request_id
+
+    async def stored_result(self, request_id: str) -> InferenceResult | None:
+        try:
+            msg = await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(request_id))
+        except NotFoundError:
+            return None
+        return InferenceResult.model_validate_json(msg.data)
+
+    async def result(self, request_id: str, timeout: float = 120.0) -> InferenceResult:
+        """The final result (ok or an error result); TimeoutError if none arrives in `timeout` seconds."""
+        arrived: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_result(msg) -> None:
+            arrived.put_nowait(msg.data)
+
+        sub = await self._nc.subscribe(subjects.results(request_id), cb=on_result)
+        try:
+            stored = await self.stored_result(request_id)
+            if stored is not None:
+                return stored
+            return InferenceResult.model_validate_json(await asyncio.wait_for(arrived.get(), timeout))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def stream(self, request_id: str, timeout: float = 120.0) -> AsyncIterator[str | InferenceResult]:
+        """Text deltas (str) as they are generated, then the final InferenceResult. Deltas missed before
+        subscribing are not replayed; the final result always carries the whole text."""
+        events: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+
+        async def on_token(msg) -> None:
+            events.put_nowait(("token", msg.data))
+
+        async def on_result(msg) -> None:
+            events.put_nowait(("result", msg.data))
+
+        subs = [await self._nc.subscribe(subjects.tokens(request_id), cb=on_token),
+                await self._nc.subscribe(subjects.results(request_id), cb=on_result)]  # fmt: skip
+        try:
+            stored = await self.stored_result(request_id)
+            if stored is not None:
+                yield stored
+                return
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while True:
+                kind, data = await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+                if kind == "token":
+                    yield TokenDelta.model_validate_json(data).text
+                else:
+                    yield InferenceResult.model_validate_json(data)
+                    return
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
