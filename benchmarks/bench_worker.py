@@ -80,16 +80,21 @@ async def measure_tiers(engine, tiers: AdapterTiers, refs: list[AdapterRef], rep
         finally:
             tiers.release(lease)
 
-    # Engine host cache holds 2 adapters: walking 4 adapters round-robin evicts each before reuse.
-    for i, ref in enumerate(refs[:repeats]):
+    # The engine has 2 slots and a host cache of 3: walking 4+ adapters round-robin evicts each from
+    # the engine before it comes round again (disk tier); walking 3 keeps them all in the host cache
+    # while the 2 most recent hold the slots (so the next one is a cpu-tier hit).
+    for ref in refs[:repeats]:
         await one(ref, AdapterTier.OBJECT_STORE)  # first sight: from S3
         await one(ref, AdapterTier.GPU)  # again right away: still in its slot
     for _ in range(2):
         for ref in refs[:repeats]:
-            await one(ref, None)  # mostly disk (evicted from the engine by the others)
-    await one(refs[0], None)
-    await one(refs[1], None)
-    await one(refs[0], AdapterTier.CPU)  # host cache holds refs 0 and 1; slot LRU says 1 is hotter
+            await one(ref, AdapterTier.DISK)
+    trio = refs[:3]
+    for ref in trio:
+        await one(ref, None)
+    for _ in range(2):
+        for ref in trio:
+            await one(ref, AdapterTier.CPU)
     for _ in range(repeats):
         await one(None, None)
     return {tier: {k: (statistics.median(v) if v else None) for k, v in d.items()} | {"n": len(d["ttft_s"])}
@@ -113,12 +118,12 @@ async def throughput(engine, specs, concurrency: int, max_tokens: int) -> dict:
 
 async def main_async(args) -> dict:
     base = fetch("smollm2-135m").path
-    paths = make_adapters(base, max(args.repeats, args.mixed_adapters) + 1)
+    paths = make_adapters(base, max(args.repeats, args.mixed_adapters, 4))
     state = Path(tempfile.mkdtemp(prefix="lpx-bench-stack-"))
     os.chmod(state, 0o755)
     stack = Stack(StackConfig(dir=state))
     stack.up()
-    engine = create_engine(EngineConfig(model_path=base, max_loras=2, max_cpu_loras=2, max_num_seqs=32))
+    engine = create_engine(EngineConfig(model_path=base, max_loras=2, max_cpu_loras=3, max_num_seqs=32))
     try:
         store = ObjectStore(ConnectionSettings.load(stack.env_file))
         refs = []
@@ -199,7 +204,7 @@ def _plot(report: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--repeats", type=int, default=4, help="adapters per tier measurement")
+    parser.add_argument("--repeats", type=int, default=4, help="adapters per tier measurement (>= 4)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in the throughput batch")
     parser.add_argument("--tokens", type=int, default=48, help="output tokens per request")
     parser.add_argument("--mixed-adapters", type=int, default=2, help="adapters in the mixed batch (<= max_loras)")
