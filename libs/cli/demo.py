@@ -1,15 +1,17 @@
 """`lpx demo`: the platform end to end on local defaults. It grows with every service that lands.
 
-Today: bring the local stack up, fetch the base model, generate one answer through vLLM (AsyncLLM)
-and print it, then say what was started and how to stop it.
+See libs/demo/flow.py for the steps; this module is the command and its output.
 """
 
 from __future__ import annotations
 
+import sys
+
 import typer
 from rich.console import Console
 
-console = Console()
+# Piped output (CI logs) gets a wide console so the side-by-side answers stay readable.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +40,7 @@ def demo(
         answers = flow.run(stack, model.path, log=lambda msg: console.log(msg))
     table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
     for col in ("tenant", "model", "answer", "adapter applied", "tier", "s"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", min_width=50 if col == "answer" else None)
     for a in answers:
         table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], a.tier, f"{a.seconds:.1f}")
     console.print(table)
