@@ -25,7 +25,7 @@ def demo(
     registered, a worker, and one mixed batch answered with each tenant's own adapter."""
     from rich.table import Table
 
-    from libs.cli.stack import _print_status
+    from libs.cli.stack import print_status
     from libs.demo import flow
     from libs.models.bootstrap import fetch
     from libs.stack import Stack, StackConfig
@@ -44,6 +44,6 @@ def demo(
     for a in answers:
         table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], a.tier, f"{a.seconds:.1f}")
     console.print(table)
-    _print_status(stack)
+    print_status(stack)
     console.print("The stack keeps running; stop it with [bold]make down[/bold] (or `lpx stack down`). "
                   f"Service logs: {flow.lpx_home() / 'demo' / 'logs'}")  # fmt: skip

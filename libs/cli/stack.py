@@ -47,7 +47,7 @@ def up() -> None:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped what this call had started[/yellow]")
         raise typer.Exit(130) from None
-    _print_status(stack)
+    print_status(stack)
     console.print(f"client settings written to [bold]{stack.env_file}[/bold]")
 
 
@@ -55,7 +55,7 @@ def up() -> None:
 def status() -> None:
     """Show each server: pid, health, endpoint. Exit code 1 unless all three are healthy."""
     stack = _stack()
-    if not _print_status(stack):
+    if not print_status(stack):
         raise typer.Exit(1)
 
 
@@ -82,7 +82,7 @@ def env() -> None:
     sys.stdout.write("".join(line for line in lines if not line.startswith("#")))
 
 
-def _print_status(stack) -> bool:
+def print_status(stack) -> bool:
     rows = stack.status()
     table = Table(title=f"loraplex local stack ({stack.dir})")
     for col in ("server", "pid", "state", "endpoint", "log"):

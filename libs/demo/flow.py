@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from libs.demo.processes import ServiceProcess
-from libs.demo.tenants import TENANTS, DemoTenant
+from libs.demo.tenants import TENANTS
 from libs.paths import lpx_home
 from libs.stack.procs import free_port
 
@@ -212,7 +212,3 @@ def _wait_for_worker(stack, worker: ServiceProcess, log: Log, timeout_s: float =
             return
         time.sleep(1.0)
     raise TimeoutError("the worker did not come up")
-
-
-def describe(tenant: DemoTenant) -> str:
-    return f"{tenant.name} ({tenant.tone})"
