@@ -13,8 +13,8 @@ import logging
 from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
-from libs.contracts import ResolveReply, ResolveRequest, subjects
-from services.registry import aliases, tenants
+from libs.contracts import ResolveReply, ResolveRequest, TenantAuthReply, TenantAuthRequest, subjects
+from services.registry import aliases, keys, tenants
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable
 from services.registry.deadletters import DeadLetters
@@ -40,6 +40,34 @@ async def resolve_request(ctx: RegistryContext, request: ResolveRequest) -> Reso
     return ResolveReply(found=True, adapter=resolved.ref, version=resolved.version)
 
 
+async def auth_request(ctx: RegistryContext, request: TenantAuthRequest) -> TenantAuthReply:
+    """Authenticate a key alone (base-model requests, /v1/models); never raises. On success the reply
+    lists the tenant's aliases that serve an active version now."""
+    parsed = keys.parse(request.api_key)
+    if parsed is None:
+        return TenantAuthReply(ok=False, code="unauthorized", error="invalid API key")
+    try:
+        async with ctx.sessions() as session:
+            tenant = await tenants.authenticate(session, parsed.tenant, request.api_key)
+            names = [a.name for a in await aliases.list_aliases(session, tenant)
+                     if a.version is not None and await _servable(session, tenant.name, a.name)]
+    except RegistryError as exc:
+        return TenantAuthReply(ok=False, error=exc.message, code=_reply_code(exc))
+    except Exception as exc:  # noqa: BLE001 - the caller gets a clear refusal, never a hang
+        if not is_unavailable(exc):
+            log.exception("auth failed for tenant %s", parsed.tenant)
+        return TenantAuthReply(ok=False, error=f"registry unavailable: {type(exc).__name__}", code="unavailable")
+    return TenantAuthReply(ok=True, tenant=tenant.name, aliases=names)
+
+
+async def _servable(session, tenant: str, alias: str) -> bool:
+    try:
+        await aliases.resolve(session, tenant, alias)
+        return True
+    except RegistryError:
+        return False
+
+
 def _reply_code(exc: RegistryError) -> str:
     # Unknown tenant, alias or adapter all read "not_found" to the gateway: the distinction is in `error`.
     return "not_found" if exc.code.startswith("unknown_") or exc.code == "not_found" else exc.code
@@ -56,6 +84,16 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             await dead_letters.send(subjects.RESOLVE, reason, msg.body, msg.headers)
             return ResolveReply(found=False, error=reason, code="bad_request")
         return await resolve_request(ctx, request)
+
+    @broker.subscriber(subjects.AUTH, queue=QUEUE_GROUP)
+    async def on_auth(msg: NatsMessage) -> TenantAuthReply:
+        try:
+            request = TenantAuthRequest.model_validate_json(msg.body)
+        except ValidationError as exc:
+            reason = f"malformed TenantAuthRequest: {_first_error(exc)}"
+            await dead_letters.send(subjects.AUTH, reason, msg.body, msg.headers)
+            return TenantAuthReply(ok=False, error=reason, code="bad_request")
+        return await auth_request(ctx, request)
 
 
 def _first_error(exc: ValidationError) -> str:

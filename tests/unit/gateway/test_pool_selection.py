@@ -44,3 +44,26 @@ def test_stale_heartbeats_are_not_live():
     assert set(live_workers(beats, now=105.0, staleness_s=10.0)) == {"fresh"}
     with pytest.raises(NoPoolError):
         select_pool(live_workers(beats, now=200.0, staleness_s=10.0), "llama", None)
+
+
+async def test_pool_view_reports_workers_that_went_stale_or_vanished():
+    from services.gateway.pool_view import PoolView
+
+    clock = {"now": 100.0}
+    gone: list[set[str]] = []
+    view = PoolView(None, staleness_s=3.0, clock=lambda: clock["now"], on_dead=gone.append)
+    beats = {"a": beat("a", "p", ts=100.0), "b": beat("b", "p", ts=100.0)}
+
+    async def read():
+        return dict(beats)
+
+    view._read = read
+    await view.refresh()
+    assert set(view.live) == {"a", "b"} and gone == []
+    clock["now"] = 105.0  # both stale now; "a" beats again, "b" does not (killed)
+    beats["a"] = beat("a", "p", ts=105.0)
+    await view.refresh()
+    assert gone == [{"b"}]
+    del beats["b"]  # its key expires later: not reported twice
+    await view.refresh()
+    assert gone == [{"b"}] and set(view.live) == {"a"}

@@ -1,0 +1,198 @@
+"""The gateway process: the Gateway (NATS connection, resolver cache, pool view, dispatcher, re-router,
+submission consumer) and the FastAPI app factory that serves the OpenAI-compatible API on top of it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import nats
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, subjects
+from libs.messaging import ensure_streams
+from libs.telemetry import Telemetry, setup_telemetry
+from services.gateway import errors
+from services.gateway.auth import tenant_of
+from services.gateway.dispatch import Dispatcher, Job
+from services.gateway.errors import GatewayError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.pool_view import PoolView
+from services.gateway.reroute import Rerouter
+from services.gateway.resolver_cache import ResolverCache
+from services.gateway.settings import GatewaySettings
+from services.gateway.submissions import SubmissionConsumer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An authenticated caller and what its `model` means."""
+
+    tenant: str
+    model: str
+    base_model: str
+    adapter: AdapterRef | None  # None: the base model itself
+
+    @property
+    def expected_digest(self) -> str | None:
+        return self.adapter.digest if self.adapter else None
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, telemetry: Telemetry | None = None) -> None:
+        self.settings = settings
+        self.telemetry = telemetry or setup_telemetry("gateway", metrics_port=settings.metrics_port, set_global=False)
+        self.tracer = self.telemetry.tracer("loraplex.gateway")
+        self.metrics = GatewayMetrics.create(self.telemetry.meter("loraplex.gateway"))
+        self.started = False
+
+    async def start(self) -> None:
+        s = self.settings
+        url = s.connections.nats_url
+        await ensure_streams(url)
+        self.nc = await nats.connect(url, name="lpx-gateway", max_reconnect_attempts=-1)
+        self.js = self.nc.jetstream()
+        self.cache = ResolverCache(self._request, ttl_s=s.resolve_ttl_s, negative_ttl_s=s.negative_ttl_s,
+                                   timeout_s=s.resolve_timeout_s, max_entries=s.cache_max_entries,
+                                   on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}))  # fmt: skip
+        self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)
+        self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
+        self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
+                                     hot_threshold=s.hot_threshold, max_spread=s.max_spread,
+                                     tracer=self.tracer)  # fmt: skip
+        self.rerouter = Rerouter(self.dispatcher, drain_grace_s=s.drain_grace_s)
+        self.pools.on_dead = self.rerouter.on_dead
+        await self.dispatcher.start()
+        await self.pools.start()
+        self.submissions = SubmissionConsumer(self, durable=s.submit_durable, concurrency=s.submit_concurrency)
+        await self.submissions.start()
+        self.started = True
+        log.info("gateway ready", extra={"workers": len(self.pools.live)})
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        await self.submissions.stop()
+        await self.pools.stop()
+        await self.dispatcher.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        self.telemetry.shutdown()
+        self.started = False
+
+    async def _request(self, subject: str, payload: bytes, timeout: float) -> bytes:
+        return (await self.nc.request(subject, payload, timeout=timeout)).data
+
+    async def _on_event(self, msg) -> None:
+        self.cache.on_event(msg.data)
+
+    # --- what the API layers call --------------------------------------------------------------
+    def base_models(self) -> set[str]:
+        return set(self.settings.base_models) | self.pools.base_models()
+
+    async def prepare(self, api_key: str, model: str) -> Prepared:
+        """Authenticate the key and resolve `model` (an alias of the caller's tenant or a base model)."""
+        tenant = tenant_of(api_key)
+        if tenant is None:
+            raise errors.bad_key()
+        if not model:
+            raise errors.bad_request("you must provide a model parameter", "model")
+        if model in self.base_models():
+            auth = await self.cache.authenticate(tenant, api_key)
+            if not auth.ok:
+                raise _refusal(auth.code, model)
+            return Prepared(tenant, model, model, None)
+        try:
+            subjects.token(model)
+        except ValueError:
+            raise errors.unknown_model(model) from None
+        reply = await self.cache.resolve(tenant, model, api_key)
+        if not reply.found or reply.adapter is None:
+            raise _refusal(reply.code, model)
+        return Prepared(tenant, model, reply.adapter.base_model, reply.adapter)
+
+    async def models(self, api_key: str) -> tuple[str, list[str]]:
+        tenant = tenant_of(api_key)
+        if tenant is None:
+            raise errors.bad_key()
+        auth = await self.cache.authenticate(tenant, api_key)
+        if not auth.ok:
+            raise _refusal(auth.code, "")
+        return tenant, sorted(self.base_models()) + list(auth.aliases)
+
+    def check_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> None:
+        if prompt is None and not messages:
+            raise errors.bad_request("either a prompt or at least one message is required", "messages")
+        size = len(prompt or "") + sum(len(m.content) for m in messages or ())
+        if size > self.settings.max_prompt_chars:
+            raise errors.bad_request(f"the prompt is {size} characters; this gateway accepts at most "
+                                     f"{self.settings.max_prompt_chars}", "messages",
+                                     "context_length_exceeded")  # fmt: skip
+
+    async def dispatch(self, prepared: Prepared, *, request_id: str, prompt: str | None,
+                       messages: list[ChatMessage] | None, sampling: SamplingParams, deadline: float,
+                       stream: bool) -> Job:  # fmt: skip
+        request = InferenceRequest(request_id=request_id, tenant_id=prepared.tenant, base_model=prepared.base_model,
+                                   adapter=prepared.adapter, prompt=prompt, messages=messages, sampling=sampling,
+                                   stream=stream, deadline=deadline)  # fmt: skip
+        return await self.dispatcher.submit(request, rank=prepared.adapter.rank if prepared.adapter else None,
+                                            stream=stream)  # fmt: skip
+
+
+def _refusal(code: str, model: str) -> GatewayError:
+    if code == "unauthorized":
+        return errors.bad_key()
+    if code == "unavailable":
+        return errors.unavailable("the adapter registry is unavailable and nothing is cached for this request",
+                                  "registry_unavailable")  # fmt: skip
+    if code == "not_active":
+        return GatewayError(404, f"The model '{model}' has no active version yet.", "model_not_active", "model")
+    return errors.unknown_model(model)
+
+
+def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None = None) -> FastAPI:
+    from services.gateway.openai_api import router
+
+    settings = settings or GatewaySettings.load()
+    gw = gateway or Gateway(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="loraplex gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gw
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        return errors.bad_request(f"invalid request: {'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
+                                  loc[0] if loc else None).response()  # fmt: skip
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ok = gw.started and gw.nc.is_connected
+        return JSONResponse({"ready": ok, "workers": len(gw.pools.live) if gw.started else 0},
+                            status_code=200 if ok else 503)  # fmt: skip
+
+    app.include_router(router)
+    return app

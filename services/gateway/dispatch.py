@@ -1,0 +1,296 @@
+"""Routed work out, results and tokens back.
+
+For each accepted request: pick the pool (base model, rank), route on the adapter digest ('base' for
+base-model requests) with `libs.routing.BoundedLoadRouter` over the pool's live workers and the
+gateway's own in-flight counts, publish the InferenceRequest to `subjects.infer(pool, worker, token)`
+(JetStream, Nats-Msg-Id = request id, trace context in the headers), and wait for the worker's
+InferenceResult on `subjects.results(rid)`. The first result per request id wins; later ones (after a
+re-route) are dropped and counted. A result whose applied digest differs from the resolved one is an
+error to the caller and a counted alert, never a silent success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, subjects
+from libs.routing import BoundedLoadRouter, RouteDecision
+from libs.telemetry import inject_headers
+from services.gateway import errors
+from services.gateway.errors import GatewayError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.pool_view import NoPoolError, PoolView
+
+log = logging.getLogger(__name__)
+BASE_TOKEN = "base"
+
+
+@dataclass
+class Job:
+    """One accepted request, until its first result (or its deadline)."""
+
+    request: InferenceRequest
+    pool: str
+    token: str  # adapter digest, or 'base'
+    expected_digest: str | None
+    worker: str  # current assignment; subjects.ANY_WORKER when handed to the whole pool
+    future: asyncio.Future
+    deltas: asyncio.Queue | None = None
+    attempts: int = 1
+    rerouted: bool = False
+    accepted_at: float = field(default_factory=time.monotonic)
+    decision: RouteDecision | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class DigestMismatch(GatewayError):
+    def __init__(self, expected: str | None, applied: str | None, worker: str) -> None:
+        super().__init__(502, f"worker {worker} applied adapter {_short(applied)} but {_short(expected)} was "
+                              f"resolved; the answer was withheld", "adapter_digest_mismatch")  # fmt: skip
+        self.expected, self.applied, self.worker = expected, applied, worker
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] if digest else "none (base model)"
+
+
+def check_result(job: Job, result: InferenceResult, metrics: GatewayMetrics | None = None) -> InferenceResult:
+    """The result if it is a success with exactly the resolved adapter applied; GatewayError otherwise."""
+    return check_applied(result, job.expected_digest, tenant=job.request.tenant_id, pool=job.pool, metrics=metrics)
+
+
+def check_applied(result: InferenceResult, expected_digest: str | None, *, tenant: str, pool: str = "",
+                  metrics: GatewayMetrics | None = None) -> InferenceResult:  # fmt: skip
+    if not result.ok:
+        err = result.error
+        raise errors.from_worker(err.code if err else "engine_error", err.message if err else "worker error")
+    if result.adapter_digest_applied != expected_digest:
+        if metrics is not None:
+            metrics.digest_mismatch.add(1, {"tenant": tenant, "pool": pool, "worker": result.worker_id})
+        log.error("digest mismatch: answer withheld", extra={
+            "request_id": result.request_id, "worker": result.worker_id, "expected": expected_digest,
+            "applied": result.adapter_digest_applied})  # fmt: skip
+        raise DigestMismatch(expected_digest, result.adapter_digest_applied, result.worker_id)
+    return result
+
+
+class _Recent:
+    def __init__(self, limit: int = 100_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def add(self, rid: str) -> None:
+        self._ids[rid] = None
+        if len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._ids
+
+
+class Dispatcher:
+    def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
+                 hot_threshold: int = 8, max_spread: int = 16, tracer: trace.Tracer | None = None) -> None:  # fmt: skip
+        self.nc, self.js = nc, js
+        self.pools = pools
+        self.metrics = metrics
+        self.tracer = tracer or trace.get_tracer("loraplex.gateway")
+        self._router_args = dict(c=balance_factor, hot_threshold=hot_threshold, max_spread=max_spread)
+        self._routers: dict[str, tuple[tuple[str, ...], BoundedLoadRouter]] = {}
+        self.jobs: dict[str, Job] = {}
+        self.loads: dict[str, int] = defaultdict(int)  # worker -> this gateway's in-flight requests
+        self.adapter_loads: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # pool -> token -> n
+        self._answered = _Recent()
+        self._subs: list = []
+
+    async def start(self) -> None:
+        self._subs = [await self.nc.subscribe(subjects.RESULTS_ALL, cb=self._on_result),
+                      await self.nc.subscribe(subjects.TOKENS_ALL, cb=self._on_token)]  # fmt: skip
+        await self.nc.flush()
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for job in list(self.jobs.values()):
+            if not job.future.done():
+                job.future.set_exception(errors.unavailable("the gateway is shutting down"))
+            self._release(job)
+
+    # --- routing -------------------------------------------------------------------------------
+    def router_for(self, pool: str, workers: tuple[str, ...]) -> BoundedLoadRouter:
+        known = self._routers.get(pool)
+        if known is None:
+            router = BoundedLoadRouter(**self._router_args, workers=workers)
+            self._routers[pool] = (workers, router)
+            return router
+        if known[0] != workers:
+            known[1].set_workers(workers)
+            self._routers[pool] = (workers, known[1])
+        return known[1]
+
+    def route(self, pool: str, workers: tuple[str, ...], token: str) -> RouteDecision:
+        router = self.router_for(pool, workers)
+        return router.route(token, self.loads, self.adapter_loads[pool])
+
+    # --- submitting ----------------------------------------------------------------------------
+    async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False) -> Job:
+        """Route and publish one request; GatewayError 503 when no worker can take it."""
+        if request.request_id in self.jobs:
+            raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
+                                     "duplicate_request")  # fmt: skip
+        try:
+            choice = self.pools.select(request.base_model, rank)
+        except NoPoolError as exc:
+            raise errors.unavailable(str(exc), "no_worker_available") from None
+        token = request.adapter.digest if request.adapter else BASE_TOKEN
+        decision = self.route(choice.pool, choice.workers, token)
+        loop = asyncio.get_running_loop()
+        job = Job(request=request, pool=choice.pool, token=token,
+                  expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
+                  future=loop.create_future(), deltas=asyncio.Queue() if stream else None,
+                  decision=decision)  # fmt: skip
+        self._track(job)
+        try:
+            await self.publish(job, subjects.infer(job.pool, job.worker, token), request.request_id)
+        except Exception as exc:
+            self._release(job)
+            log.error("publish failed", extra={"request_id": request.request_id, "error": repr(exc)})
+            raise errors.unavailable(f"could not queue the request: {type(exc).__name__}", "queue_unavailable") from exc
+        self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": decision.affinity_hit,
+                                     "spilled": decision.spilled})  # fmt: skip
+        return job
+
+    async def publish(self, job: Job, subject: str, msg_id: str) -> None:
+        with self.tracer.start_as_current_span("gateway.publish", kind=trace.SpanKind.PRODUCER, attributes={
+                "messaging.system": "nats", "messaging.destination.name": subject, "lpx.request_id": job.request_id,
+                "lpx.worker": job.worker, "lpx.pool": job.pool, "lpx.attempt": job.attempts}):  # fmt: skip
+            headers = inject_headers({"Nats-Msg-Id": msg_id})
+            await self.js.publish(subject, job.request.model_dump_json().encode(), headers=headers)
+
+    def _track(self, job: Job) -> None:
+        self.jobs[job.request_id] = job
+        self.loads[job.worker] += 1
+        self.adapter_loads[job.pool][job.token] += 1
+        self.metrics.in_flight.add(1)
+
+    def _release(self, job: Job) -> None:
+        if self.jobs.pop(job.request_id, None) is None:
+            return
+        self._unload(job.worker)
+        per_pool = self.adapter_loads[job.pool]
+        per_pool[job.token] -= 1
+        if per_pool[job.token] <= 0:
+            del per_pool[job.token]
+        self.metrics.in_flight.add(-1)
+
+    def _unload(self, worker: str) -> None:
+        self.loads[worker] -= 1
+        if self.loads[worker] <= 0:
+            del self.loads[worker]
+
+    def move(self, job: Job, worker: str) -> None:
+        """Re-assign a job's load to another worker (re-routing)."""
+        self._unload(job.worker)
+        job.worker = worker
+        self.loads[worker] += 1
+
+    # --- results -------------------------------------------------------------------------------
+    async def _on_result(self, msg) -> None:
+        try:
+            result = InferenceResult.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("ignoring an unreadable result on %s", msg.subject)
+            return
+        job = self.jobs.get(result.request_id)
+        if job is None or job.future.done():
+            if result.request_id in self._answered:
+                self.metrics.duplicate_results.add(1)
+                log.info("dropped a later result", extra={"request_id": result.request_id,
+                                                          "worker": result.worker_id})  # fmt: skip
+            return
+        self._answered.add(result.request_id)
+        self._release(job)
+        job.future.set_result(result)
+
+    async def _on_token(self, msg) -> None:
+        rid = msg.subject.rsplit(".", 1)[-1]
+        job = self.jobs.get(rid)
+        if job is None or job.deltas is None or job.rerouted:
+            return  # after a re-route, the rest of the text comes with the final result
+        try:
+            job.deltas.put_nowait(TokenDelta.model_validate_json(msg.data))
+        except ValidationError:
+            log.warning("ignoring an unreadable token delta on %s", msg.subject)
+
+    def abandon(self, job: Job) -> None:
+        """The caller gave up (deadline or disconnect): stop tracking; a later result is dropped."""
+        self._answered.add(job.request_id)
+        self._release(job)
+        if not job.future.done():
+            job.future.cancel()
+
+    async def wait(self, job: Job, deadline: float) -> InferenceResult:
+        """The checked result, or GatewayError (504 at the deadline, worker errors, digest mismatch)."""
+        remaining = deadline - time.time()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, remaining))
+        except TimeoutError:
+            self.abandon(job)
+            raise errors.deadline(deadline - job.request.submitted_at) from None
+        except asyncio.CancelledError:
+            self.abandon(job)
+            raise
+        return check_result(job, result, self.metrics)
+
+    async def events(self, job: Job, deadline: float) -> AsyncIterator[str | InferenceResult]:
+        """Streaming: text deltas in order, then the checked final result (its text not yet sent is
+        delivered as one last delta). Raises GatewayError like `wait`."""
+        sent = ""
+        queue = job.deltas
+        assert queue is not None, "events() needs a job submitted with stream=True"
+        try:
+            while not job.future.done():
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    self.abandon(job)
+                    raise errors.deadline(deadline - job.request.submitted_at)
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, job.future}, timeout=remaining,
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if getter in done:
+                    delta = getter.result()
+                    if not job.rerouted:
+                        sent += delta.text
+                        yield delta.text
+                else:
+                    getter.cancel()
+            while not queue.empty() and not job.rerouted:
+                delta = queue.get_nowait()
+                sent += delta.text
+                yield delta.text
+            result = check_result(job, job.future.result(), self.metrics)
+        except BaseException:
+            if not job.future.done():
+                self.abandon(job)
+            raise
+        if result.text.startswith(sent):
+            rest = result.text[len(sent):]
+            if rest:
+                yield rest
+        else:  # text already streamed differs from the final answer (a re-route with sampling)
+            raise GatewayError(502, "the request was re-routed after a worker failure and the new answer "
+                                    "differs from the part already streamed", "stream_diverged")  # fmt: skip
+        yield result

@@ -1,0 +1,47 @@
+"""The gateway's metrics (OpenTelemetry instruments; Prometheus on LPX_GATEWAY_METRICS_PORT)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass
+class GatewayMetrics:
+    requests: Counter  # tenant, endpoint, status
+    latency_s: Histogram  # tenant, endpoint
+    ttft_s: Histogram  # tenant, endpoint
+    routing: Counter  # pool, affinity_hit, spilled
+    digest_mismatch: Counter  # tenant, pool, worker: an alert, never a silent success
+    reroutes: Counter  # pool, reason
+    duplicate_results: Counter  # results after the first for one request id (dropped)
+    resolve_lookups: Counter  # outcome: hit, miss, negative, stale, unavailable
+    submissions: Counter  # outcome
+    in_flight: UpDownCounter
+
+    @classmethod
+    def create(cls, meter: Meter) -> GatewayMetrics:
+        def histogram(name: str, desc: str) -> Histogram:
+            try:
+                return meter.create_histogram(name, unit="s", description=desc,
+                                              explicit_bucket_boundaries_advisory=list(_LATENCY_BUCKETS))  # fmt: skip
+            except TypeError:  # older SDKs without advisory buckets
+                return meter.create_histogram(name, unit="s", description=desc)
+
+        return cls(
+            requests=meter.create_counter("lpx_gateway_requests", description="requests by tenant and status"),
+            latency_s=histogram("lpx_gateway_request_latency", "end-to-end latency seen by the gateway"),
+            ttft_s=histogram("lpx_gateway_ttft", "time to first token (streaming requests)"),
+            routing=meter.create_counter("lpx_gateway_routing_decisions", description="affinity hits and spills"),
+            digest_mismatch=meter.create_counter("lpx_gateway_digest_mismatch",
+                                                 description="a worker applied another digest than resolved"),
+            reroutes=meter.create_counter("lpx_gateway_reroutes", description="requests re-routed after worker loss"),
+            duplicate_results=meter.create_counter("lpx_gateway_duplicate_results",
+                                                   description="later results for an answered request (dropped)"),
+            resolve_lookups=meter.create_counter("lpx_gateway_resolve_lookups", description="resolver cache outcomes"),
+            submissions=meter.create_counter("lpx_gateway_submissions", description="async submissions by outcome"),
+            in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
+        )  # fmt: skip

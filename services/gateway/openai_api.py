@@ -1,0 +1,222 @@
+"""The OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions (SSE or not), /v1/models.
+
+`Authorization: Bearer <tenant API key>`; `model` is an alias of the caller's tenant (`support`,
+`support-v4`) or a base model name. Errors come in OpenAI's shape with the matching status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from opentelemetry import trace
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from libs.contracts import ChatMessage, InferenceResult, SamplingParams, new_id
+from libs.telemetry import extract_context
+from services.gateway import errors
+from services.gateway.auth import bearer_key
+from services.gateway.errors import GatewayError
+
+router = APIRouter()
+
+
+# --- request bodies (the subset of OpenAI's parameters a LoRA worker honours) -------------------
+class _ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[_ContentPart]
+
+    def to_contract(self) -> ChatMessage:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int | None = None
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        if self.n not in (None, 1):
+            raise errors.bad_request("only n=1 is supported", "n")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        values = {"max_tokens": self.max_tokens or default_max_tokens, "stop": stop, "seed": self.seed}
+        if self.temperature is not None:
+            values["temperature"] = self.temperature
+        if self.top_p is not None:
+            values["top_p"] = self.top_p
+        try:
+            return SamplingParams(**values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            raise errors.bad_request(f"invalid {param}: {first.get('msg')}", param) from None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+
+
+# --- handlers ------------------------------------------------------------------------------------
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           authorization: Annotated[str | None, Header()] = None):  # fmt: skip
+    if body.max_completion_tokens and not body.max_tokens:
+        body.max_tokens = body.max_completion_tokens
+    messages = [m.to_contract() for m in body.messages]
+    return await _serve(request, authorization, body, "chat", prompt=None, messages=messages)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request,
+                      authorization: Annotated[str | None, Header()] = None):  # fmt: skip
+    if isinstance(body.prompt, list):
+        if len(body.prompt) != 1:
+            raise errors.bad_request("exactly one prompt per request is supported", "prompt")
+        body.prompt = body.prompt[0]
+    if body.echo or body.suffix:
+        raise errors.bad_request("echo and suffix are not supported", "echo" if body.echo else "suffix")
+    return await _serve(request, authorization, body, "completion", prompt=body.prompt, messages=None)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
+    gw = request.app.state.gateway
+    key, _ = bearer_key(authorization)
+    tenant, names = await gw.models(key)
+    bases = gw.base_models()
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "loraplex" if n in bases else tenant}
+            for n in names]  # fmt: skip
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def _serve(request: Request, authorization: str | None, body: _Common, kind: str, *, prompt: str | None,
+                 messages: list[ChatMessage] | None):  # fmt: skip
+    gw = request.app.state.gateway
+    started = time.perf_counter()
+    endpoint = "chat.completions" if kind == "chat" else "completions"
+    attrs = {"endpoint": endpoint, "tenant": "unknown"}
+    with gw.tracer.start_as_current_span(f"POST /v1/{endpoint.replace('.', '/')}", kind=trace.SpanKind.SERVER,
+                                         context=extract_context(dict(request.headers))) as span:  # fmt: skip
+        try:
+            key, tenant = bearer_key(authorization)
+            attrs["tenant"] = tenant
+            span.set_attribute("lpx.tenant", tenant)
+            span.set_attribute("lpx.model", body.model)
+            prepared = await gw.prepare(key, body.model)
+            sampling = body.sampling(default_max_tokens=128 if kind == "chat" else 16)
+            gw.check_prompt(prompt, messages)
+            rid = new_id()
+            span.set_attribute("lpx.request_id", rid)
+            deadline = time.time() + gw.settings.request_timeout_s
+            job = await gw.dispatch(prepared, request_id=rid, prompt=prompt, messages=messages, sampling=sampling,
+                                    deadline=deadline, stream=body.stream)  # fmt: skip
+            if body.stream:
+                usage = bool((body.stream_options or {}).get("include_usage"))
+                gen = _sse(gw, job, deadline, kind, body.model, rid, started, attrs, usage)
+                return StreamingResponse(gen, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
+            result = await gw.dispatcher.wait(job, deadline)
+        except GatewayError as exc:
+            _record(gw, attrs, exc.status, started)
+            span.set_attribute("http.response.status_code", exc.status)
+            raise
+        _record(gw, attrs, 200, started)
+        span.set_attribute("lpx.worker", result.worker_id)
+        return JSONResponse(_completion_body(kind, rid, body.model, result),
+                            headers={"X-Request-Id": rid, "X-Lpx-Worker": result.worker_id})  # fmt: skip
+
+
+def _record(gw, attrs: dict, status: int, started: float) -> None:
+    gw.metrics.requests.add(1, {**attrs, "status": status})
+    gw.metrics.latency_s.record(time.perf_counter() - started, attrs)
+
+
+def _usage(result: InferenceResult) -> dict:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens}  # fmt: skip
+
+
+def _completion_body(kind: str, rid: str, model: str, result: InferenceResult) -> dict:
+    finish = result.finish_reason or "stop"
+    if kind == "chat":
+        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "logprobs": None, "finish_reason": finish}],
+                "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}],
+            "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
+
+
+def _chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
+           first: bool = False) -> dict:  # fmt: skip
+    if kind == "chat":
+        delta: dict = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        return {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}  # fmt: skip
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}  # fmt: skip
+
+
+def _data(doc: dict) -> str:
+    return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
+
+
+async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, started: float, attrs: dict,
+               include_usage: bool = False) -> AsyncIterator[str]:  # fmt: skip
+    created = int(time.time())
+    first, got_text = True, False
+    status = 200
+    try:
+        if kind == "chat":
+            yield _data(_chunk(kind, rid, model, created, "", None, first=True))
+            first = False
+        async for event in gw.dispatcher.events(job, deadline):
+            if isinstance(event, InferenceResult):
+                yield _data(_chunk(kind, rid, model, created, None, event.finish_reason or "stop"))
+                if include_usage:  # OpenAI's stream_options.include_usage: one last chunk with no choices
+                    last = _chunk(kind, rid, model, created, None, None)
+                    last["choices"], last["usage"] = [], _usage(event)
+                    yield _data(last)
+                break
+            if not got_text:
+                gw.metrics.ttft_s.record(time.perf_counter() - started, attrs)
+                got_text = True
+            yield _data(_chunk(kind, rid, model, created, event, None, first=first))
+            first = False
+        yield "data: [DONE]\n\n"
+    except GatewayError as exc:
+        status = exc.status
+        yield _data(exc.body())
+    finally:
+        _record(gw, attrs, status, started)

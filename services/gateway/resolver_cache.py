@@ -1,0 +1,178 @@
+"""Alias resolution and key authentication through the registry, with a local cache.
+
+* Positive answers are fresh for `ttl_s`; refusals (not_found, not_active, unauthorized, bad_request)
+  are cached for `negative_ttl_s` only, so a new activation shows up quickly even without its event.
+* The registry's lifecycle events (`lpx.events.adapter.>`) drop every entry of the tenant concerned
+  (alias moved, version activated, retired or rejected), so a moved alias never serves the old version.
+* When the registry answers `unavailable` (PostgreSQL down) or does not answer in time, the last known
+  positive answer is served even past its TTL: serving continues from cache while Postgres is down.
+* Concurrent lookups of one key share one request to the registry.
+Cache keys hold a sha256 fingerprint of the API key, never the key itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from libs.contracts import (
+    AdapterEvent,
+    AdapterEventKind,
+    ResolveReply,
+    ResolveRequest,
+    TenantAuthReply,
+    TenantAuthRequest,
+    subjects,
+)
+from services.gateway.auth import fingerprint
+
+log = logging.getLogger(__name__)
+
+# (subject, payload, timeout) -> reply bytes; raises TimeoutError (or anything) when no answer came.
+Requester = Callable[[str, bytes, float], Awaitable[bytes]]
+INVALIDATING = {AdapterEventKind.ACTIVATED, AdapterEventKind.RETIRED, AdapterEventKind.REJECTED,
+                AdapterEventKind.ALIAS_MOVED}  # fmt: skip
+
+
+@dataclass
+class _Entry:
+    reply: BaseModel
+    positive: bool
+    stored_at: float
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    stale_served: int = 0
+    invalidations: int = 0
+
+
+class ResolverCache:
+    def __init__(self, request: Requester, *, ttl_s: float = 30.0, negative_ttl_s: float = 2.0,
+                 timeout_s: float = 2.0, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic,
+                 on_lookup: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self._request = request
+        self.ttl_s = ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self.timeout_s = timeout_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._inflight: dict[tuple, asyncio.Future] = {}
+        self._on_lookup = on_lookup or (lambda outcome: None)
+        self.stats = CacheStats()
+
+    # --- lookups -------------------------------------------------------------------------------
+    async def resolve(self, tenant: str, alias: str, api_key: str) -> ResolveReply:
+        key = ("resolve", tenant, alias, fingerprint(api_key))
+        payload = ResolveRequest(tenant=tenant, alias=alias, api_key=api_key).model_dump_json().encode()
+        return await self._lookup(key, subjects.RESOLVE, payload, ResolveReply)
+
+    async def authenticate(self, tenant: str, api_key: str) -> TenantAuthReply:
+        key = ("auth", tenant, "", fingerprint(api_key))
+        payload = TenantAuthRequest(api_key=api_key).model_dump_json().encode()
+        return await self._lookup(key, subjects.AUTH, payload, TenantAuthReply)
+
+    async def _lookup(self, key: tuple, subject: str, payload: bytes, reply_type):
+        entry = self._entries.get(key)
+        if entry is not None and self._fresh(entry):
+            self._entries.move_to_end(key)
+            self.stats.hits += 1
+            self._on_lookup("hit")
+            return entry.reply
+        self.stats.misses += 1
+        pending = self._inflight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            reply = await self._ask(subject, payload, reply_type)
+            reply = self._settle(key, reply)
+            future.set_result(reply)
+            return reply
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        finally:
+            self._inflight.pop(key, None)
+
+    async def _ask(self, subject: str, payload: bytes, reply_type):
+        try:
+            data = await self._request(subject, payload, self.timeout_s)
+            return reply_type.model_validate_json(data)
+        except ValidationError as exc:
+            log.error("unreadable reply from the registry on %s: %s", subject, exc)
+            return _unavailable(reply_type, "unreadable reply from the registry")
+        except Exception as exc:  # noqa: BLE001 - timeout, no responders, connection loss
+            return _unavailable(reply_type, f"registry did not answer: {type(exc).__name__}")
+
+    def _settle(self, key: tuple, reply):
+        positive = _positive(reply)
+        if positive:
+            self._store(key, reply, True)
+            self._on_lookup("miss")
+            return reply
+        if reply.code == "unavailable":
+            entry = self._entries.get(key)
+            if entry is not None and entry.positive:
+                self.stats.stale_served += 1
+                self._on_lookup("stale")
+                log.warning("registry unavailable: serving a cached answer", extra={"tenant": key[1]})
+                return entry.reply
+            self._on_lookup("unavailable")
+            return reply
+        self._store(key, reply, False)
+        self._on_lookup("negative")
+        return reply
+
+    def _fresh(self, entry: _Entry) -> bool:
+        age = self._clock() - entry.stored_at
+        return age < (self.ttl_s if entry.positive else self.negative_ttl_s)
+
+    def _store(self, key: tuple, reply, positive: bool) -> None:
+        self._entries[key] = _Entry(reply, positive, self._clock())
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    # --- invalidation --------------------------------------------------------------------------
+    def invalidate_tenant(self, tenant: str) -> int:
+        doomed = [k for k in self._entries if k[1] == tenant]
+        for k in doomed:
+            del self._entries[k]
+        self.stats.invalidations += len(doomed)
+        return len(doomed)
+
+    def on_event(self, data: bytes) -> None:
+        """A lifecycle event from the registry (`lpx.events.adapter.<kind>`)."""
+        try:
+            event = AdapterEvent.model_validate_json(data)
+        except ValidationError as exc:
+            log.warning("ignoring an unreadable adapter event: %s", exc.errors()[0].get("msg"))
+            return
+        if event.kind in INVALIDATING:
+            dropped = self.invalidate_tenant(event.tenant)
+            log.debug("cache invalidated", extra={"tenant": event.tenant, "kind": str(event.kind), "dropped": dropped})
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _positive(reply) -> bool:
+    return bool(reply.found) if isinstance(reply, ResolveReply) else bool(reply.ok)
+
+
+def _unavailable(reply_type, error: str):
+    if reply_type is ResolveReply:
+        return ResolveReply(found=False, code="unavailable", error=error)
+    return TenantAuthReply(ok=False, code="unavailable", error=error)

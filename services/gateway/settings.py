@@ -1,0 +1,42 @@
+"""Gateway settings (env prefix LPX_GATEWAY_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from libs.routing import DEFAULT_BALANCE_FACTOR, DEFAULT_HOT_THRESHOLD, DEFAULT_MAX_SPREAD
+from libs.settings import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LPX_GATEWAY_", extra="ignore")
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    # Deadline of a request when the caller gives none (HTTP and async submissions), and the most
+    # a submission may ask for.
+    request_timeout_s: float = Field(120.0, gt=0)
+    # Alias resolution / key authentication cache: positive entries are fresh for `resolve_ttl_s`
+    # and kept as a stale fallback while the registry is unavailable; refusals for `negative_ttl_s`.
+    resolve_ttl_s: float = Field(30.0, ge=0)
+    negative_ttl_s: float = Field(2.0, ge=0)
+    resolve_timeout_s: float = Field(2.0, gt=0)
+    cache_max_entries: int = 100_000
+    # Prompts longer than this (characters, summed over messages) are refused with 400.
+    max_prompt_chars: int = 32_000
+    # A worker is dead when its heartbeat key is gone or older than this; the view polls this often.
+    heartbeat_staleness_s: float = Field(10.0, gt=0)
+    pool_poll_s: float = Field(0.5, gt=0)
+    # Routing (libs.routing.BoundedLoadRouter).
+    balance_factor: float = DEFAULT_BALANCE_FACTOR
+    hot_threshold: int = DEFAULT_HOT_THRESHOLD
+    max_spread: int = DEFAULT_MAX_SPREAD
+    # Async submission: a durable consumer shared by every gateway replica. (How long results stay is
+    # the RESULTS stream's max_age, declared with the other streams in libs/contracts/subjects.py.)
+    submit_durable: str = "gateway-submit"
+    submit_concurrency: int = 256
+    # A worker that drained cleanly handed its backlog to the pool: re-route what is left after this.
+    drain_grace_s: float = Field(30.0, ge=0)
+    # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
+    base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])

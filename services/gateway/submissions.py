@@ -1,0 +1,204 @@
+"""Async submission over NATS: callers publish SubmitRequest on `subjects.SUBMIT` (JetStream work queue,
+Nats-Msg-Id = request id); one durable consumer shared by every gateway replica takes them.
+
+Each submission is authenticated, resolved and dispatched like an HTTP request, under an internal work
+id (`sub-<request id>`), so that the gateway sees the worker's result first and checks the applied
+digest before anything reaches the caller. The checked result (or the error) is published to
+`subjects.results(request_id)` in the RESULTS stream with Nats-Msg-Id `result-<request id>`; with
+`stream`, text deltas are relayed on `subjects.tokens(request_id)`.
+
+Resubmitting an id never generates twice: JetStream drops a duplicate inside its window, a request in
+flight here is not started again, a stored result is not regenerated, and a stored internal result is
+reused instead of asking a worker again. The submission is acked only after its result is stored, so a
+gateway crash leads to redelivery, never to loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
+from pydantic import ValidationError
+
+from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
+from libs.messaging import dead_letter
+from libs.telemetry import extract_context, inject_headers
+from services.gateway.dispatch import check_applied
+from services.gateway.errors import GatewayError
+
+log = logging.getLogger(__name__)
+SERVICE = "gateway"
+ACK_WAIT_S = 30.0
+
+
+def internal_id(request_id: str) -> str:
+    return f"sub-{request_id}"
+
+
+class SubmissionConsumer:
+    def __init__(self, gateway, *, durable: str, concurrency: int = 256) -> None:
+        self.gateway = gateway
+        self.durable = durable
+        self.concurrency = concurrency
+        self.active: set[str] = set()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self.duplicates = 0
+
+    async def start(self) -> None:
+        js = self.gateway.js
+        config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S,
+                                max_ack_pending=self.concurrency * 2, filter_subject=subjects.SUBMIT,
+                                max_deliver=-1)  # fmt: skip
+        self.sub = await js.pull_subscribe(subjects.SUBMIT, durable=self.durable, stream=subjects.SUBMIT_STREAM,
+                                           config=config)  # fmt: skip
+        self._loop_task = asyncio.create_task(self._loop(), name="submissions")
+
+    async def stop(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            free = max(1, min(64, self.concurrency - len(self._tasks)))
+            try:
+                msgs = await self.sub.fetch(batch=free, timeout=1.0)
+            except (TimeoutError, NatsTimeout):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
+                log.warning("submission fetch failed", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self._slots.acquire()
+                task = asyncio.create_task(self._run(msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _run(self, msg) -> None:
+        try:
+            await self.handle(msg)
+        except Exception:  # noqa: BLE001 - not acked: redelivered after ack_wait
+            log.exception("submission handling failed; it will be redelivered", extra={"subject": msg.subject})
+
+    async def handle(self, msg) -> None:
+        g = self.gateway
+        try:
+            submit = SubmitRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await self._dead_letter(msg, f"invalid SubmitRequest: {_first_error(exc)}")
+            return
+        rid = submit.request_id
+        if rid in self.active or await self._stored(subjects.results(rid)) is not None:
+            self.duplicates += 1
+            g.metrics.submissions.add(1, {"outcome": "duplicate"})
+            await msg.ack()
+            return
+        self.active.add(rid)
+        keepalive = asyncio.create_task(self._keep_in_progress(msg))
+        try:
+            with g.tracer.start_as_current_span("gateway.submission", context=extract_context(msg.headers),
+                                                attributes={"lpx.request_id": rid}):  # fmt: skip
+                result = await self._execute(submit)
+            await g.js.publish(subjects.results(rid), result.model_dump_json().encode(),
+                               headers=inject_headers({"Nats-Msg-Id": f"result-{rid}"}))  # fmt: skip
+            g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
+            await msg.ack()
+        finally:
+            keepalive.cancel()
+            self.active.discard(rid)
+
+    async def _execute(self, submit: SubmitRequest) -> InferenceResult:
+        g = self.gateway
+        rid = submit.request_id
+        work_id = internal_id(rid)
+        try:
+            stored = await self._stored(subjects.results(work_id))  # generated before a gateway restart
+            if stored is not None:
+                prepared = await g.prepare(submit.api_key, submit.model)
+                checked = check_applied(InferenceResult.model_validate_json(stored), prepared.expected_digest,
+                                        tenant=prepared.tenant, metrics=g.metrics)  # fmt: skip
+            else:
+                checked = await self._generate(submit, work_id)
+        except GatewayError as exc:
+            return InferenceResult(request_id=rid, worker_id="gateway", ok=False,
+                                   error=ErrorInfo(code=exc.code, message=exc.message))  # fmt: skip
+        return checked.model_copy(update={"request_id": rid})
+
+    async def _generate(self, submit: SubmitRequest, work_id: str) -> InferenceResult:
+        g = self.gateway
+        timeout = min(submit.timeout_s or g.settings.request_timeout_s, 24 * 3600)
+        deadline = submit.submitted_at + timeout
+        prepared = await g.prepare(submit.api_key, submit.model)
+        g.check_prompt(submit.prompt, submit.messages)
+        job = await g.dispatch(prepared, request_id=work_id, prompt=submit.prompt, messages=submit.messages,
+                               sampling=submit.sampling, deadline=deadline, stream=submit.stream)  # fmt: skip
+        if not submit.stream:
+            return await g.dispatcher.wait(job, deadline)
+        index = 0
+        async for event in g.dispatcher.events(job, deadline):
+            if isinstance(event, InferenceResult):
+                return event
+            delta = TokenDelta(request_id=submit.request_id, index=index, text=event)
+            await g.nc.publish(subjects.tokens(submit.request_id), delta.model_dump_json().encode())
+            index += 1
+        raise GatewayError(502, "the stream ended without a result", "engine_error")
+
+    async def _stored(self, subject: str) -> bytes | None:
+        try:
+            return (await self.gateway.js.get_last_msg(subjects.RESULTS_STREAM, subject)).data
+        except NotFoundError:
+            return None
+
+    async def _keep_in_progress(self, msg) -> None:
+        while True:
+            await asyncio.sleep(ACK_WAIT_S / 3)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _dead_letter(self, msg, reason: str) -> None:
+        g = self.gateway
+        letter = dead_letter(SERVICE, msg.subject, reason, msg.data, msg.headers)
+        await g.js.publish(subjects.dead_letter(SERVICE), letter.model_dump_json().encode())
+        log.warning("dead-lettered a submission", extra={"reason": reason})
+        rid = _request_id_of(msg.data)
+        if rid and await self._stored(subjects.results(rid)) is None:
+            error = InferenceResult(request_id=rid, worker_id="gateway", ok=False,
+                                    error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
+            await g.js.publish(subjects.results(rid), error.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": f"result-{rid}"})  # fmt: skip
+        g.metrics.submissions.add(1, {"outcome": "bad_request"})
+        await msg.ack()
+
+
+def _request_id_of(data: bytes) -> str | None:
+    try:
+        rid = json.loads(data).get("request_id")
+        subjects.token(rid)
+        return rid if len(rid) <= 100 else None
+    except Exception:  # noqa: BLE001 - unparseable means no id
+        return None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
+    return f"{where}: {err.get('msg')}"
+
