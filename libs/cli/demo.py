@@ -36,13 +36,13 @@ def demo(
     with console.status(f"2/4 fetching base model {base}..."):
         model = fetch(base)
     console.log(f"base model ready at {model.path}")
-    with console.status("3/4 adapters, registry, worker (first run trains two adapters: ~2 min on CPU)..."):
+    with console.status("3/4 adapters, registry, worker, gateway (first run trains two adapters: ~2 min on CPU)..."):
         answers = flow.run(stack, model.path, log=lambda msg: console.log(msg))
     table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
-    for col in ("tenant", "model", "answer", "adapter applied", "tier", "s"):
+    for col in ("tenant", "model", "answer", "adapter applied", "s"):
         table.add_column(col, overflow="fold", min_width=50 if col == "answer" else None)
     for a in answers:
-        table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], a.tier, f"{a.seconds:.1f}")
+        table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], f"{a.seconds:.1f}")
     console.print(table)
     print_status(stack)
     console.print("The stack keeps running; stop it with [bold]make down[/bold] (or `lpx stack down`). "

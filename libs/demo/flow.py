@@ -3,8 +3,9 @@
 1. the local stack (NATS JetStream, PostgreSQL, S3);  2. the base model;  3. one LoRA adapter per demo
 tenant, trained with peft on its tone (cached after the first run);  4. the registry service: tenants,
 adapter pushes (validated, stored content-addressed), activation;  5. a worker service (vLLM with LoRA);
-6. a mixed batch: each tenant's adapter and the base model in the same engine batch, each answer checked
-against the digest the registry resolved.
+6. the gateway (OpenAI-compatible HTTP); 7. a mixed batch through it with the official `openai` client:
+each tenant's adapter and the base model in the same engine batch, each answer's applied digest checked
+by the gateway against the one the registry resolved.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ class Answer:
     who: str
     model: str
     text: str
-    digest: str | None
-    tier: str
+    digest: str | None  # what the worker applied, checked by the gateway against the registry's digest
     seconds: float
 
 
@@ -88,76 +88,26 @@ def register_adapters(registry_url: str, admin: str, adapters: dict[str, Path], 
     return keys
 
 
-async def ask_everyone(nats_url: str, keys: dict[str, str], log: Log) -> list[Answer]:
-    """Resolve each tenant's alias over NATS, route with the gateway's router, send one mixed batch."""
-    import nats
+async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list[Answer]:
+    """One concurrent batch through the gateway with the official OpenAI client: each tenant asks its
+    own adapter (alias `support`), and someone asks the base model; the vLLM worker batches them."""
+    from openai import AsyncOpenAI
 
-    from libs.contracts import (
-        InferenceRequest,
-        InferenceResult,
-        ResolveReply,
-        ResolveRequest,
-        SamplingParams,
-        WorkerHeartbeat,
-        subjects,
-    )
-    from libs.routing import BoundedLoadRouter
+    plan = [(t.name, t.adapter, keys[t.name]) for t in TENANTS] + [("acme", BASE, keys["acme"])]
 
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    try:
-        kv = await js.key_value(subjects.HEARTBEAT_BUCKET)
-        workers = [WorkerHeartbeat.model_validate_json((await kv.get(k)).value) for k in await kv.keys()]
-        router = BoundedLoadRouter()
-        router.set_workers([w.worker_id for w in workers if w.pool == POOL])
-        plan: list[tuple[str, str, object]] = []
-        for tenant in TENANTS:
-            reply = ResolveReply.model_validate_json((await nc.request(
-                subjects.RESOLVE, ResolveRequest(tenant=tenant.name, alias=tenant.adapter,
-                                                 api_key=keys[tenant.name]).model_dump_json().encode(),
-                timeout=10)).data)  # fmt: skip
-            if not reply.found:
-                raise RuntimeError(f"{tenant.name}: {reply.code}: {reply.error}")
-            plan.append((tenant.name, f"{tenant.name}/{tenant.adapter} v{reply.version}", reply.adapter))
-        plan.append(("anyone", BASE, None))
-        done: dict[str, InferenceResult] = {}
-        arrived = asyncio.Event()
+    async def ask(who: str, model: str, key: str) -> Answer:
+        client = AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=key, timeout=300, max_retries=0)
+        started = time.monotonic()
+        reply = await client.chat.completions.create(model=model, max_tokens=40, temperature=0,
+                                                     messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+        await client.close()
+        return Answer(who if model != BASE else "(base model)", model, reply.choices[0].message.content.strip(),
+                      reply.system_fingerprint, time.monotonic() - started)  # fmt: skip
 
-        async def on_result(msg):
-            result = InferenceResult.model_validate_json(msg.data)
-            done[result.request_id] = result
-            arrived.set()
-
-        await nc.subscribe(subjects.RESULTS_ALL, cb=on_result)
-        sent, started, loads = {}, time.monotonic(), {w: 0 for w in router.workers}
-        for who, model, ref in plan:
-            rid = f"demo-{secrets.token_hex(6)}"
-            token = ref.digest if ref else "base"
-            decision = router.route(token, loads)
-            loads[decision.worker] += 1
-            request = InferenceRequest(request_id=rid, tenant_id=who, base_model=BASE, adapter=ref,
-                                       messages=[{"role": "user", "content": QUESTION}],
-                                       sampling=SamplingParams(max_tokens=40))  # fmt: skip
-            await js.publish(subjects.infer(POOL, decision.worker, token), request.model_dump_json().encode(),
-                             headers={"Nats-Msg-Id": rid})  # fmt: skip
-            sent[rid] = (who, model, ref)
-        while not all(r in done for r in sent):
-            arrived.clear()
-            await asyncio.wait_for(arrived.wait(), timeout=300)
-    finally:
-        await nc.drain()
-    answers = []
-    for rid, (who, model, ref) in sent.items():
-        result = done[rid]
-        if not result.ok:
-            raise RuntimeError(f"{who}: {result.error.code}: {result.error.message}")
-        expected = ref.digest if ref else None
-        if result.adapter_digest_applied != expected:  # never a silent wrong-adapter answer
-            raise RuntimeError(f"{who}: worker applied {result.adapter_digest_applied}, expected {expected}")
-        answers.append(Answer(who, model, result.text.strip(), expected, result.adapter_tier.value,
-                              result.timings.total_s))  # fmt: skip
-    log(f"mixed batch of {len(answers)} answered in {time.monotonic() - started:.1f}s")
-    return answers
+    started = time.monotonic()
+    answers = await asyncio.gather(*(ask(*p) for p in plan))
+    log(f"mixed batch of {len(answers)} answered through the gateway in {time.monotonic() - started:.1f}s")
+    return list(answers)
 
 
 def run(stack, base_path: Path, log: Log) -> list[Answer]:
@@ -172,13 +122,18 @@ def run(stack, base_path: Path, log: Log) -> list[Answer]:
                             "LPX_WORKER_POOL": POOL, "LPX_WORKER_BASE_MODEL": BASE,
                             "LPX_WORKER_MODEL_PATH": str(base_path), "LPX_WORKER_MAX_LORAS": "4",
                             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, logs)  # fmt: skip
-    with registry, worker:  # the worker's engine starts (~40 s) while the registry takes the pushes
+    gateway_port = free_port()
+    gateway = ServiceProcess("gateway", "services.gateway", {**env, "LPX_GATEWAY_HOST": "127.0.0.1",
+                             "LPX_GATEWAY_PORT": str(gateway_port)}, logs)  # fmt: skip
+    with registry, worker, gateway:  # the worker's engine starts (~40 s) while the registry takes the pushes
         registry.wait_http(f"http://127.0.0.1:{port}/healthz")
         log(f"registry up on :{port} (log {registry.log_path})")
         keys = register_adapters(f"http://127.0.0.1:{port}", admin, adapters, log)
+        gateway.wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
+        log(f"gateway up on :{gateway_port} (OpenAI-compatible; log {gateway.log_path})")
         _wait_for_worker(stack, worker, log)
-        answers = asyncio.run(ask_everyone(_nats_url(stack), keys, log))
-    log("registry and worker stopped (SIGTERM: they drain)")
+        answers = asyncio.run(ask_everyone(f"http://127.0.0.1:{gateway_port}", keys, log))
+    log("gateway, worker and registry stopped (SIGTERM: they drain)")
     return answers
 
 
