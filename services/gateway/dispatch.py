@@ -19,6 +19,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import ValidationError
 
@@ -49,6 +50,8 @@ class Job:
     rerouted: bool = False
     accepted_at: float = field(default_factory=time.monotonic)
     decision: RouteDecision | None = None
+    # The caller's trace: a re-route after a worker dies publishes in the same trace, not a new one.
+    trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
     @property
     def request_id(self) -> str:
@@ -174,7 +177,8 @@ class Dispatcher:
         return job
 
     async def publish(self, job: Job, subject: str, msg_id: str) -> None:
-        with self.tracer.start_as_current_span("gateway.publish", kind=trace.SpanKind.PRODUCER, attributes={
+        with self.tracer.start_as_current_span("gateway.publish", context=job.trace_context,
+                                               kind=trace.SpanKind.PRODUCER, attributes={
                 "messaging.system": "nats", "messaging.destination.name": subject, "lpx.request_id": job.request_id,
                 "lpx.worker": job.worker, "lpx.pool": job.pool, "lpx.attempt": job.attempts}):  # fmt: skip
             headers = inject_headers({"Nats-Msg-Id": msg_id})

@@ -47,7 +47,7 @@ async def _push_and_activate(registry, tenant: str, adapter: str, path) -> str:
     return version["digest"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gateway_postgres():
     """The registry's own PostgreSQL (NATS and S3 are the session stack's), so that a test can kill it
     and restart it without touching anything else."""
@@ -59,14 +59,15 @@ def gateway_postgres():
     pg.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 async def gateway_registry(connections, gateway_postgres):
-    # One registry per session: every registry answers the same NATS subjects (one queue group).
+    # One registry for this package, torn down when it ends: every registry answers the same NATS
+    # subjects (one queue group), so one left running would answer the registry tests' requests.
     async with running_registry(registry_settings(connections, gateway_postgres.dsn)) as running:
         yield running
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 async def tenants(gateway_registry, tones) -> Tenants:  # noqa: F811
     suffix = uuid.uuid4().hex[:6]
     a, b = f"gw-a-{suffix}", f"gw-b-{suffix}"
@@ -161,7 +162,7 @@ def gateway_settings(connections, **overrides):
     return GatewaySettings(**values)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gateway(connections, gateway_registry):
     served = ServedGateway(gateway_settings(connections))
     served.start()
