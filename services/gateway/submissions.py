@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 from nats.errors import TimeoutError as NatsTimeout
@@ -26,6 +25,7 @@ from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
+from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
 from services.gateway.dispatch import check_applied
@@ -103,7 +103,7 @@ class SubmissionConsumer:
         try:
             submit = SubmitRequest.model_validate_json(msg.data)
         except ValidationError as exc:
-            await self._dead_letter(msg, f"invalid SubmitRequest: {_first_error(exc)}")
+            await self._dead_letter(msg, f"invalid SubmitRequest: {first_error(exc)}")
             return
         rid = submit.request_id
         if rid in self.active or await self._stored(subjects.results(rid)) is not None:
@@ -178,7 +178,7 @@ class SubmissionConsumer:
         letter = dead_letter(SERVICE, msg.subject, reason, msg.data, msg.headers)
         await g.js.publish(subjects.dead_letter(SERVICE), letter.model_dump_json().encode())
         log.warning("dead-lettered a submission", extra={"reason": reason})
-        rid = _request_id_of(msg.data)
+        rid = request_id_of(msg.data, max_len=100)
         if rid and await self._stored(subjects.results(rid)) is None:
             error = InferenceResult(request_id=rid, worker_id="gateway", ok=False,
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
@@ -186,19 +186,3 @@ class SubmissionConsumer:
                                headers={"Nats-Msg-Id": f"result-{rid}"})  # fmt: skip
         g.metrics.submissions.add(1, {"outcome": "bad_request"})
         await msg.ack()
-
-
-def _request_id_of(data: bytes) -> str | None:
-    try:
-        rid = json.loads(data).get("request_id")
-        subjects.token(rid)
-        return rid if len(rid) <= 100 else None
-    except Exception:  # noqa: BLE001 - unparseable means no id
-        return None
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
-    return f"{where}: {err.get('msg')}"
-

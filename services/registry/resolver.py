@@ -14,6 +14,7 @@ from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
 from libs.contracts import ResolveReply, ResolveRequest, TenantAuthReply, TenantAuthRequest, subjects
+from libs.contracts.parsing import first_error
 from services.registry import aliases, keys, tenants
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable
@@ -80,7 +81,7 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
         try:
             request = ResolveRequest.model_validate_json(msg.body)
         except ValidationError as exc:
-            reason = f"malformed ResolveRequest: {_first_error(exc)}"
+            reason = f"malformed ResolveRequest: {first_error(exc)}"
             await dead_letters.send(subjects.RESOLVE, reason, msg.body, msg.headers)
             return ResolveReply(found=False, error=reason, code="bad_request")
         return await resolve_request(ctx, request)
@@ -90,16 +91,7 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
         try:
             request = TenantAuthRequest.model_validate_json(msg.body)
         except ValidationError as exc:
-            reason = f"malformed TenantAuthRequest: {_first_error(exc)}"
+            reason = f"malformed TenantAuthRequest: {first_error(exc)}"
             await dead_letters.send(subjects.AUTH, reason, msg.body, msg.headers)
             return TenantAuthReply(ok=False, error=reason, code="bad_request")
         return await auth_request(ctx, request)
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc)
-    first = errors[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-    return f"{where}: {first.get('msg', 'invalid')}"

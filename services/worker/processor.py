@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from libs.contracts import (
     TokenDelta,
     subjects,
 )
+from libs.contracts.parsing import first_error, request_id_of
 from libs.engine import GenerationRequest
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
@@ -82,7 +82,7 @@ class RequestProcessor:
         try:
             request = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:
-            await self._dead_letter(msg, f"invalid InferenceRequest: {_first_error(exc)}")
+            await self._dead_letter(msg, f"invalid InferenceRequest: {first_error(exc)}")
             return
         rid = request.request_id
         if rid in self.active:
@@ -195,24 +195,9 @@ class RequestProcessor:
         letter = dead_letter("worker", msg.subject, reason, msg.data, msg.headers)
         await self.js.publish(subjects.dead_letter("worker"), letter.model_dump_json().encode())
         log.warning("dead-lettered a message", extra={"subject": msg.subject, "reason": reason})
-        rid = _request_id_of(msg.data)
+        rid = request_id_of(msg.data)
         if rid:  # the caller is waiting: answer with the reason instead of leaving it to time out
             error = InferenceResult(request_id=rid, worker_id=self.worker_id, ok=False,
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
             await self._publish_result(error)
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
-
-
-def _request_id_of(data: bytes) -> str | None:
-    try:
-        rid = json.loads(data).get("request_id")
-        subjects.token(rid)
-        return rid
-    except Exception:  # noqa: BLE001 - unparseable means no id
-        return None
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
-    return f"{where}: {err.get('msg')}"
