@@ -89,7 +89,9 @@ async def test_nats_resolution_and_tenant_keys(connections, tenant, contents):
         assert reply.found, reply.error
         assert (reply.version, reply.adapter.rank, reply.adapter.base_model) == (1, 16, "smollm2-135m")
         assert reply.adapter.object_key.endswith(reply.adapter.digest + "/")
-    for bad_key in (tenant["other_key"], tenant["key"][:-1] + "0", "garbage"):
+    key = tenant["key"]
+    tampered = key[:-1] + ("1" if key[-1] == "0" else "0")  # always differs from the real key
+    for bad_key in (tenant["other_key"], tampered, "garbage"):
         reply = await resolve(connections.nats_url, tenant=t, alias="support", api_key=bad_key)
         assert not reply.found and reply.code == "unauthorized" and reply.adapter is None
     missing = await resolve(connections.nats_url, tenant=t, alias="nope")
