@@ -22,7 +22,8 @@ def demo(
     base: str = typer.Option("smollm2-135m", help="base model from the catalogue"),
 ) -> None:
     """Run the platform end to end on local defaults: stack, base model, tenants' adapters trained and
-    registered, a worker, and one mixed batch answered with each tenant's own adapter."""
+    registered, a worker and the gateway, then one mixed batch through the gateway (OpenAI API), each
+    tenant answered by its own adapter."""
     from rich.table import Table
 
     from libs.cli.stack import print_status
