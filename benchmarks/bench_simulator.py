@@ -19,12 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from libs.routing import POLICY_NAMES  # noqa: E402
 from libs.simulator.config import SimConfig  # noqa: E402
-from libs.simulator.output import steady_table, storm_table, write_json, write_plots  # noqa: E402
-from libs.simulator.runner import OUR_POLICY, Report, run_comparison, runs_in  # noqa: E402
+from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots  # noqa: E402
+from libs.simulator.runner import OUR_POLICY, Report  # noqa: E402
 
 REQUIRED_RATIO = 10.0
 
@@ -41,18 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(config: SimConfig, policies: list[str], storm: bool, console: Console) -> Report:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("simulating", total=runs_in(policies, storm))
-        return run_comparison(
-            config, policies, storm=storm, progress=lambda done: bar.update(task, advance=1, description=done)
-        )
+    return run_with_progress(config, policies, storm, console)
 
 
 def acceptance(report: Report, console: Console) -> bool:

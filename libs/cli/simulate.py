@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-ALL_POLICIES = "random,least_loaded,consistent_hash,bounded_load,gie_lora_affinity,ray_multiplex"
+from libs.routing.policies import POLICY_NAMES
+
+ALL_POLICIES = ",".join(POLICY_NAMES)
 
 
 def simulate_command(
@@ -44,11 +46,10 @@ def simulate_command(
     adapter loads per 1,000 requests per tier, engine-slot hit rate, p50/p99 latency with load stalls,
     and max/mean replica load. Defaults are the reference deployment (BRIEF.md section 2)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from libs.simulator.config import SimConfig
-    from libs.simulator.output import steady_table, storm_table, write_json, write_plots
-    from libs.simulator.runner import run_comparison, runs_in
+    from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots
+    from libs.simulator.runner import validate_policies
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     optional = {"hot_threshold": hot_threshold, "max_spread": max_spread}
@@ -78,23 +79,12 @@ def simulate_command(
             seed=seed,
             **{k: v for k, v in optional.items() if v is not None},
         )
-        total = runs_in(names, storm)
+        names = validate_policies(names)  # unknown policies: a clear 400-style error before any work
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
     console = Console(stderr=as_json)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("simulating", total=total)
-        report = run_comparison(
-            config, names, storm=storm, progress=lambda done: bar.update(task, advance=1, description=done)
-        )
+    report = run_with_progress(config, names, storm, console)
     if out is not None:
         written = [write_json(report, out / "report.json"), *write_plots(report, out)]
         console.print("wrote " + ", ".join(str(p) for p in written))

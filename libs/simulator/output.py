@@ -197,3 +197,17 @@ def _save(plt, fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def run_with_progress(config, policies, storm: bool, console):
+    """run_comparison behind a progress bar (one step per simulated run); used by the CLI and the bench."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from libs.simulator.runner import run_comparison, runs_in
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("simulating", total=runs_in(policies, storm))
+        return run_comparison(
+            config, policies, storm=storm, progress=lambda done: bar.update(task, advance=1, description=done)
+        )
