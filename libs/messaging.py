@@ -70,3 +70,22 @@ def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | 
         text = payload
     return DeadLetter(service=service, original_subject=subject, reason=reason, payload=text,
                       headers={k: str(v) for k, v in (headers or {}).items()})  # fmt: skip
+
+
+class DeadLetterPublisher:
+    """Publish dead letters of one service on subjects.dead_letter(service) (kept by the DLQ stream).
+    Losing a letter is logged, never raised: it must not take the failing handler down with it."""
+
+    def __init__(self, broker, service: str) -> None:
+        self.broker = broker
+        self.service = service
+        self.subject = subjects.dead_letter(service)
+
+    async def send(self, original_subject: str, reason: str, payload: bytes | str,
+                   headers: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        letter = dead_letter(self.service, original_subject, reason, payload, headers)
+        log.warning("dead letter from %s: %s", original_subject, reason)
+        try:
+            await self.broker.publish(letter, self.subject, stream=subjects.DLQ_STREAM, timeout=5)
+        except Exception:  # noqa: BLE001
+            log.exception("could not publish a dead letter for %s", original_subject)

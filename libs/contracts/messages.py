@@ -30,6 +30,9 @@ __all__ = [
     "AdapterEventKind",
     "AdapterEvent",
     "EvaluationResult",
+    "DatasetRef",
+    "EvalContextRequest",
+    "EvalContextReply",
     "ResolveRequest",
     "ResolveReply",
     "TrainJob",
@@ -165,6 +168,7 @@ class AdapterEventKind(StrEnum):
     REJECTED = "rejected"
     RETIRED = "retired"
     ALIAS_MOVED = "alias_moved"
+    EVAL_REQUESTED = "eval_requested"  # someone asked the gate to (re-)evaluate this version
 
 
 class AdapterEvent(Message):
@@ -196,6 +200,42 @@ class EvaluationResult(Message):
     version: int | None = None
 
 
+class DatasetRef(BaseModel):
+    """A stored dataset (content-addressed JSONL, see libs.datasets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    object_key: str
+    train_examples: int = 0
+    eval_cases: int = 0
+
+
+class EvalContextRequest(Message):
+    """Eval gate -> registry (`subjects.EVAL_CONTEXT`, request/reply): what the gate needs to evaluate
+    one version. With `claim`, a pending version moves to `evaluating` (announced by an event)."""
+
+    tenant: str
+    adapter: str
+    version: int
+    claim: bool = False
+
+
+class EvalContextReply(Message):
+    found: bool
+    code: str = ""  # when not found: not_found, bad_request, unavailable
+    error: str = ""
+    status: str | None = None  # the version's lifecycle status (after a claim)
+    ref: AdapterRef | None = None
+    base_spec: dict | None = None  # the BaseModelSpec fields of the version's base model
+    dataset: DatasetRef | None = None  # where the eval cases are (None: the tenant has none)
+    threshold: float | None = None  # the tenant's pass-rate threshold (None: the gate's default)
+    # The version the adapter's aliases serve now, the regression baseline (None: first version).
+    active_version: int | None = None
+    active_ref: AdapterRef | None = None
+
+
 class ResolveRequest(Message):
     tenant: str
     alias: str
@@ -218,7 +258,7 @@ class TrainJob(Message):
     job_id: str = Field(default_factory=new_id, pattern=ID_PATTERN)
     tenant: str
     adapter: str
-    dataset_id: str
+    dataset: str  # the tenant's dataset name in the registry
     base_model: str
     rank: int = 16
     alpha: int = 32

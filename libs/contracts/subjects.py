@@ -32,6 +32,12 @@ ADAPTER_EVENTS = f"{PREFIX}.events.adapter.>"
 EVALUATED = f"{PREFIX}.events.eval.evaluated"
 RESOLVE = f"{PREFIX}.registry.resolve"  # request/reply, not stored
 AUTH = f"{PREFIX}.registry.auth"  # request/reply: TenantAuthRequest -> TenantAuthReply
+EVAL_CONTEXT = f"{PREFIX}.registry.eval_context"  # request/reply: EvalContextRequest -> EvalContextReply
+
+# --- eval gate ---------------------------------------------------------------------------------
+# The gate's record of finished evaluations (source event id -> the EvaluationResult it published),
+# so a redelivered event is answered with the same verdict instead of being evaluated again.
+EVAL_LEDGER_BUCKET = "lpx_eval_ledger"
 
 # --- training ----------------------------------------------------------------------------------
 TRAIN_STREAM = "LPX_TRAIN"

@@ -114,6 +114,28 @@ class VllmEngine:
         # The path may differ between calls (another cache dir); the bytes are the same: verified by digest.
         return lora_request_cls(lora_name=adapter.digest, lora_int_id=lora_id, lora_path=str(adapter.path))
 
+    async def score(self, request: GenerationRequest, reference: str) -> list[float]:
+        """Log-probability of each token of `reference` as the continuation of the request's prompt,
+        under the request's adapter (vLLM prompt logprobs: one forward pass, nothing generated). The
+        tokens are what training labels: the reference text, then end-of-sequence."""
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        if self._engine is None:
+            raise RuntimeError("engine not started")
+        tok = self._tokenizer
+        prompt_ids = tok.encode(self.render_prompt(request), add_special_tokens=False)
+        answer_ids = tok.encode(reference, add_special_tokens=False) + [tok.eos_token_id]
+        ids = prompt_ids + answer_ids
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        lora = self._lora_request(request.adapter, LoRARequest) if request.adapter is not None else None
+        final = None
+        async for out in self._engine.generate({"prompt_token_ids": ids}, params, request.request_id,
+                                               lora_request=lora):  # fmt: skip
+            final = out
+        logprobs = final.prompt_logprobs or []
+        return [float(logprobs[i][token].logprob) for i, token in enumerate(ids) if i >= len(prompt_ids)]
+
     async def add_adapter(self, adapter) -> None:
         """Load an adapter into the engine's host-RAM LoRA cache ahead of the requests that need it."""
         from vllm.lora.request import LoRARequest

@@ -58,6 +58,15 @@ class OverrideRequest(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
 
 
+class EvaluateRequest(BaseModel):
+    requested_by: str = Field("admin", min_length=1, max_length=200)
+
+
+class TenantUpdate(BaseModel):
+    eval_threshold: float | None = Field(None, ge=0, le=1, description="pass rate a new version needs "
+                                                                       "(null: the eval gate's default)")
+
+
 class RetireRequest(BaseModel):
     reason: str = ""
 
@@ -106,7 +115,7 @@ def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = Non
 
 
 def error_response(exc: RegistryError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content={"error": exc.code, "detail": exc.message})
+    return JSONResponse(status_code=exc.status, content={"error": exc.code, "detail": exc.message, **exc.details})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -163,6 +172,16 @@ async def list_tenants(ctx: Ctx) -> list[TenantPublic]:
         return [TenantPublic.model_validate(t, from_attributes=True) for t in await tenants.list_tenants(session)]
 
 
+@admin.patch("/tenants/{tenant}", tags=["tenants"])
+async def update_tenant(tenant: str, body: TenantUpdate, ctx: Ctx) -> TenantPublic:
+    async with transaction(ctx.sessions) as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        row.eval_threshold = body.eval_threshold
+        session.add(row)
+        await session.flush()
+        return TenantPublic.model_validate(row, from_attributes=True)
+
+
 @admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])
 async def add_key(tenant: str, ctx: Ctx) -> TenantCreated:
     async with transaction(ctx.sessions) as session:
@@ -193,15 +212,17 @@ async def list_bases(ctx: Ctx) -> list[BaseModelPublic]:
 # --- adapters and versions (admin) ---------------------------------------------------------------
 @admin.post("/adapters", tags=["adapters"], responses={200: {"description": "already registered (idempotent)"}})
 async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str, Form()],
-               base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()]) -> JSONResponse:
+               base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()],
+               dataset: Annotated[str | None, Form()] = None) -> JSONResponse:  # fmt: skip
     """Push a version: multipart with `tenant`, `adapter`, `base_model` and the adapter's files
-    (adapter_config.json and adapter_model.safetensors). 201 when created, 200 when this adapter
-    already has exactly this content."""
+    (adapter_config.json and adapter_model.safetensors), optionally `dataset` (the tenant's dataset
+    it was trained from: the eval gate evaluates on its eval split). 201 when created, 200 when this
+    adapter already has exactly this content."""
     check_name("tenant", tenant)
     check_adapter_name(adapter)
     with spooled_upload(files, ctx.settings.max_adapter_bytes) as directory:
         result = await versions.push_version(ctx, tenant=tenant, adapter=adapter, base_model=base_model,
-                                             directory=directory)  # fmt: skip
+                                             directory=directory, dataset=dataset or None)  # fmt: skip
     body = PushReply(created=result.created, version=result.version)
     return JSONResponse(status_code=201 if result.created else 200, content=body.model_dump(mode="json"))
 
@@ -241,6 +262,17 @@ async def _transition(ctx: RegistryContext, tenant: str, adapter: str, number: i
 async def begin_evaluation(tenant: str, adapter: str, number: int, ctx: Ctx) -> VersionPublic:
     """The eval gate announces that it started on this version (optional: a verdict implies it)."""
     return await _transition(ctx, tenant, adapter, number, lifecycle.begin_evaluation)
+
+
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluate", tags=["lifecycle"])
+async def request_evaluation(tenant: str, adapter: str, number: int, body: EvaluateRequest, ctx: Ctx
+                             ) -> VersionPublic:  # fmt: skip
+    """Ask the eval gate to (re-)evaluate a pending, evaluating or rejected version."""
+
+    async def apply(session, vctx):
+        await lifecycle.request_evaluation(session, vctx, body.requested_by)
+
+    return await _transition(ctx, tenant, adapter, number, apply)
 
 
 @admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/activate", tags=["lifecycle"])

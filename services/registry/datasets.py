@@ -1,15 +1,16 @@
-"""Training datasets (chat JSONL), stored content-addressed for the trainer's retraining runs."""
+"""Tenant datasets (chat JSONL with a train and an eval split, see libs.datasets), stored
+content-addressed: the trainer trains on the train split, the eval gate evaluates on the eval split."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import datetime
 from pathlib import Path
 
 from sqlmodel import SQLModel, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from libs.datasets import DatasetInvalid, ParsedDataset, parse_file
 from libs.hashing import file_sha256
 from libs.objectstore import dataset_key
 from services.registry import aliases
@@ -27,40 +28,29 @@ class DatasetPublic(SQLModel):
     object_key: str
     size_bytes: int
     examples: int
+    train_examples: int
+    eval_cases: int
     created_at: datetime
 
 
-def count_examples(path: Path) -> int:
-    """Each non-empty line must be a JSON object with a non-empty `messages` list."""
-    count = 0
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise Invalid(f"dataset line {number} is not JSON: {exc.msg}", code="bad_dataset") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list) or not doc["messages"]:
-                raise Invalid(f"dataset line {number} needs a non-empty 'messages' list", code="bad_dataset")
-            count += 1
-    if not count:
-        raise Invalid("the dataset has no examples", code="bad_dataset")
-    return count
+def parse_dataset(path: Path) -> ParsedDataset:
+    """Every line checked (libs.datasets); a refusal names each bad line, and nothing is stored."""
+    try:
+        return parse_file(path)
+    except DatasetInvalid as exc:
+        raise Invalid(f"dataset refused: {exc}", code="bad_dataset", details={"lines": exc.line_numbers}) from None
 
 
 def _public(row: Dataset, tenant: str) -> DatasetPublic:
     return DatasetPublic(tenant=tenant, **row.model_dump(include={"name", "digest", "object_key", "size_bytes",
-                                                                  "examples", "created_at"}))  # fmt: skip
+                                                                  "examples", "train_examples", "eval_cases",
+                                                                  "created_at"}))  # fmt: skip
 
 
 async def store_dataset(ctx: RegistryContext, tenant: str, name: str, path: Path) -> DatasetPublic:
     check_name("tenant", tenant)
     check_name("dataset", name)
-    try:
-        examples = await asyncio.to_thread(count_examples, path)
-    except UnicodeDecodeError:
-        raise Invalid("the dataset is not UTF-8 text", code="bad_dataset") from None
+    parsed = await asyncio.to_thread(parse_dataset, path)
     digest = await asyncio.to_thread(file_sha256, path)
     async with transaction(ctx.sessions) as session:
         row_tenant = await aliases.get_tenant(session, tenant)
@@ -73,7 +63,8 @@ async def store_dataset(ctx: RegistryContext, tenant: str, name: str, path: Path
         # The object goes first: a row never points at a missing object (same content, same key).
         await asyncio.to_thread(ctx.store.put_file, dataset_key(digest), path, digest)
         row = Dataset(tenant_id=row_tenant.id, name=name, digest=digest, object_key=dataset_key(digest),
-                      size_bytes=path.stat().st_size, examples=examples)  # fmt: skip
+                      size_bytes=path.stat().st_size, examples=parsed.lines, train_examples=len(parsed.train),
+                      eval_cases=len(parsed.eval))  # fmt: skip
         session.add(row)
     return _public(row, tenant)
 

@@ -8,9 +8,10 @@ class RegistryError(Exception):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, code: str | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.details = details or {}  # machine-readable extras (e.g. the bad line numbers of a dataset)
         if code:
             self.code = code
 

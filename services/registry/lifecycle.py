@@ -14,6 +14,9 @@
   A verdict for an older version arriving late activates it without moving the aliases backwards.
 - Retiring the version the follow-aliases serve is refused: roll back (or activate another version)
   first, so an alias never silently stops resolving.
+- A re-evaluation request (`lpx adapter eval`) re-announces a version that awaits a verdict, or
+  sends a rejected one back to pending (a false negative, or a fixed eval set); an active or retired
+  version is not re-evaluated (push a new version instead).
 - Every transition writes its event(s) to the outbox in the caller's transaction.
 """
 
@@ -26,7 +29,16 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from libs.contracts import AdapterEvent, AdapterEventKind, AdapterRef
 from services.registry.errors import Conflict, NotFound
-from services.registry.models import Adapter, AdapterVersion, Alias, AliasKind, Tenant, VersionStatus, utcnow
+from services.registry.models import (
+    Adapter,
+    AdapterVersion,
+    Alias,
+    AliasKind,
+    Dataset,
+    Tenant,
+    VersionStatus,
+    utcnow,
+)
 from services.registry.outbox import enqueue
 
 S = VersionStatus
@@ -62,6 +74,7 @@ class VersionContext:
     version: AdapterVersion
     adapter: Adapter
     tenant: Tenant
+    dataset_name: str | None = None  # the dataset the version was trained from, when recorded
 
     def ref(self) -> AdapterRef:
         v = self.version
@@ -94,7 +107,10 @@ async def load_version(session: AsyncSession, version_id: int, *, lock: bool = T
         raise NotFound(f"version id {version_id} not found")
     version = (await session.exec(version_query.execution_options(**fresh))).one()
     tenant = (await session.exec(select(Tenant).where(Tenant.id == adapter.tenant_id))).one()
-    return VersionContext(version, adapter, tenant)
+    dataset = None
+    if version.dataset_id is not None:
+        dataset = (await session.exec(select(Dataset.name).where(Dataset.id == version.dataset_id))).one()
+    return VersionContext(version, adapter, tenant, dataset)
 
 
 def _move(ctx: VersionContext, target: VersionStatus, reason: str = "") -> None:
@@ -139,6 +155,22 @@ async def retire(session: AsyncSession, ctx: VersionContext, reason: str = "") -
     check_transition(ctx.version.status, S.RETIRED)
     _move(ctx, S.RETIRED, reason or "retired")
     enqueue(session, ctx.event(AdapterEventKind.RETIRED, detail=ctx.version.status_reason))
+
+
+REEVALUATE_FROM: frozenset[VersionStatus] = frozenset({S.PENDING, S.EVALUATING, S.REJECTED})
+
+
+async def request_evaluation(session: AsyncSession, ctx: VersionContext, requested_by: str) -> None:
+    """Ask the eval gate to (re-)evaluate this version: an `eval_requested` event it consumes."""
+    status = ctx.version.status
+    if status not in REEVALUATE_FROM:
+        raise TransitionRefused(f"version {ctx.version.number} is {status}; only pending, evaluating or rejected "
+                                f"versions are (re-)evaluated - push a new version instead")  # fmt: skip
+    if status != S.PENDING:
+        _move(ctx, S.PENDING, f"re-evaluation requested by {requested_by}")
+    ctx.version.eval_event_id = None
+    enqueue(session, ctx.event(AdapterEventKind.EVAL_REQUESTED, detail=f"requested by {requested_by}",
+                               alias=f"{ctx.adapter.name}-v{ctx.version.number}"))  # fmt: skip
 
 
 async def record_verdict(session: AsyncSession, ctx: VersionContext, *, passed: bool, reason: str, report: dict,

@@ -49,10 +49,13 @@ class Tenant(TenantBase, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     created_at: datetime = _ts()
+    # The eval-case pass rate a new version needs (None: the eval gate's default).
+    eval_threshold: float | None = Field(default=None, nullable=True)
 
 
 class TenantPublic(TenantBase):
     created_at: datetime
+    eval_threshold: float | None = None
 
 
 class ApiKey(SQLModel, table=True):
@@ -132,6 +135,9 @@ class AdapterVersion(SQLModel, table=True):
     object_key: str
     file_digests: dict = Field(sa_type=JSONB)
     created_at: datetime = _ts()
+    # The dataset it was trained from (its eval split is what the gate evaluates; None: pushed by
+    # hand, evaluated on the tenant's newest dataset with eval cases).
+    dataset_id: int | None = Field(default=None, foreign_key="datasets.id", nullable=True)
     # --- lifecycle (mutable, only through services.registry.lifecycle) ---
     status: VersionStatus = Field(default=VersionStatus.PENDING, sa_type=Text)
     status_reason: str = ""
@@ -168,6 +174,8 @@ class Dataset(SQLModel, table=True):
     object_key: str
     size_bytes: int = Field(sa_type=BigInteger)
     examples: int
+    train_examples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    eval_cases: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = _ts()
 
 
@@ -205,6 +213,7 @@ class VersionPublic(SQLModel):
     dtype: str
     size_bytes: int
     object_key: str
+    dataset: str | None = None  # the dataset it was trained from, when known
     status: VersionStatus
     status_reason: str
     current: bool  # whether the adapter's follow-aliases serve this version

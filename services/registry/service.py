@@ -12,7 +12,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from libs.messaging import ensure_streams, make_broker
 from libs.objectstore import ObjectStore
-from services.registry import eval_events, orphans, resolver
+from services.registry import eval_context, eval_events, orphans, resolver
 from services.registry.bases import seed_catalog
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
@@ -76,6 +76,7 @@ class RegistryService:
         dead_letters = DeadLetters(self.broker)
         resolver.register(self.broker, self.ctx, dead_letters)
         eval_events.register(self.broker, self.ctx, dead_letters)
+        eval_context.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
 
     async def _sweep_periodically(self) -> None:

@@ -33,13 +33,14 @@ from services.registry import aliases, lifecycle
 from services.registry.bases import get_base, spec_from_row
 from services.registry.context import RegistryContext, digest_lock
 from services.registry.db import is_unavailable, transaction
-from services.registry.errors import Conflict, Unavailable
+from services.registry.errors import Conflict, NotFound, Unavailable
 from services.registry.models import (
     Adapter,
     AdapterPublic,
     AdapterVersion,
     Alias,
     AliasKind,
+    Dataset,
     Tenant,
     VersionPublic,
     VersionStatus,
@@ -58,13 +59,16 @@ class PushResult:
 
 
 async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_model: str,
-                       directory: Path) -> PushResult:  # fmt: skip
+                       directory: Path, dataset: str | None = None) -> PushResult:  # fmt: skip
+    """`dataset` names the tenant's dataset the adapter was trained from (its eval split is what the
+    eval gate evaluates); it must exist."""
     check_name("tenant", tenant)
     check_adapter_name(adapter)
     check_base_name(base_model)
     async with ctx.sessions() as session:
-        await aliases.get_tenant(session, tenant)
+        row_tenant = await aliases.get_tenant(session, tenant)
         spec = spec_from_row(await get_base(session, base_model))
+        dataset_id = await _dataset_id(session, row_tenant, dataset) if dataset else None
     files = await asyncio.to_thread(validate_upload, directory, spec, ctx.settings.policy(),
                                     ctx.settings.max_adapter_bytes)  # fmt: skip
     async with digest_lock(ctx.engine, files.digest) as lock:
@@ -76,7 +80,7 @@ async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_
             await asyncio.to_thread(ctx.store.put_adapter, directory, files.file_digests)
         ctx.hooks.fire("after_upload")
         try:
-            version_id = await _insert_version(ctx, tenant, adapter, base_model, files)
+            version_id = await _insert_version(ctx, tenant, adapter, base_model, files, dataset_id)
         except IntegrityError as exc:
             existing = await _existing_version_id(ctx, tenant, adapter, files.digest)
             if existing is None:
@@ -106,8 +110,16 @@ async def _existing_version_id(ctx: RegistryContext, tenant: str, adapter: str, 
         return (await session.exec(query)).first()
 
 
+async def _dataset_id(session: AsyncSession, tenant: Tenant, name: str) -> int:
+    check_name("dataset", name)
+    found = (await session.exec(select(Dataset.id).where(Dataset.tenant_id == tenant.id, Dataset.name == name))).first()
+    if found is None:
+        raise NotFound(f"tenant {tenant.name!r} has no dataset named {name!r}")
+    return found
+
+
 async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: str, base_name: str,
-                          files: AdapterFiles) -> int:  # fmt: skip
+                          files: AdapterFiles, dataset_id: int | None = None) -> int:  # fmt: skip
     async with transaction(ctx.sessions) as session:
         tenant = await aliases.get_tenant(session, tenant_name)
         base = await get_base(session, base_name)
@@ -118,6 +130,7 @@ async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: 
             base_model=base.name, rank=files.rank, alpha=files.alpha, target_modules=files.target_modules,
             dtype=canonical_dtype(next(iter(files.dtypes))), size_bytes=files.size_bytes,
             object_key=adapter_prefix(files.digest), file_digests=files.file_digests, status=VersionStatus.PENDING,
+            dataset_id=dataset_id,
         )  # fmt: skip
         session.add_all([adapter, version])
         await session.flush()
@@ -164,7 +177,7 @@ def to_public(vctx: lifecycle.VersionContext) -> VersionPublic:
         tenant=vctx.tenant.name, adapter=vctx.adapter.name, number=v.number,
         alias=aliases.pinned_name(vctx.adapter.name, v.number), digest=v.digest, base_model=v.base_model,
         rank=v.rank, alpha=v.alpha, target_modules=list(v.target_modules), dtype=v.dtype, size_bytes=v.size_bytes,
-        object_key=v.object_key, status=v.status, status_reason=v.status_reason,
+        object_key=v.object_key, dataset=vctx.dataset_name, status=v.status, status_reason=v.status_reason,
         current=vctx.adapter.current_version_id == v.id, eval_report=v.eval_report, override_by=v.override_by,
         override_reason=v.override_reason, override_at=v.override_at, created_at=v.created_at,
         status_changed_at=v.status_changed_at,
@@ -191,7 +204,8 @@ async def history(session: AsyncSession, tenant_name: str, adapter_name: str) ->
     adapter = await aliases.get_adapter(session, tenant, adapter_name)
     rows = (await session.exec(select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id)
                                .order_by(col(AdapterVersion.number)))).all()  # fmt: skip
-    return [to_public(lifecycle.VersionContext(v, adapter, tenant)) for v in rows]
+    names = dict((await session.exec(select(Dataset.id, Dataset.name).where(Dataset.tenant_id == tenant.id))).all())
+    return [to_public(lifecycle.VersionContext(v, adapter, tenant, names.get(v.dataset_id))) for v in rows]
 
 
 async def list_adapters(session: AsyncSession, tenant_name: str | None = None) -> list[AdapterPublic]:
