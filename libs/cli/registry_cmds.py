@@ -98,10 +98,20 @@ def tenant_create(name: str) -> None:
 @tenant_app.command("list")
 def tenant_list() -> None:
     """Every tenant."""
-    table = Table("tenant", "created")
+    table = Table("tenant", "eval threshold", "created")
     for row in _call("GET", "/v1/tenants"):
-        table.add_row(row["name"], row["created_at"])
+        threshold = row.get("eval_threshold")
+        table.add_row(row["name"], "default" if threshold is None else f"{threshold:.2f}", row["created_at"])
     out.print(table)
+
+
+@tenant_app.command("threshold")
+def tenant_threshold(name: str, value: float | None = typer.Argument(None, help="pass rate 0..1; omit for the "
+                                                                               "gate's default")) -> None:  # fmt: skip
+    """Set the eval-case pass rate a tenant's new versions need."""
+    row = _call("PATCH", f"/v1/tenants/{name}", json={"eval_threshold": value})
+    shown = "the gate's default" if row["eval_threshold"] is None else f"{row['eval_threshold']:.2f}"
+    out.print(f"tenant {name}: new versions need an eval pass rate of {shown}")
 
 
 # --- base models -------------------------------------------------------------------------------
@@ -134,25 +144,30 @@ def base_list() -> None:
 @adapter_app.command("push")
 def adapter_push(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
                  path: Path = typer.Argument(..., help="PEFT adapter directory"),
-                 base: str = typer.Option(..., "--base", help="base model name (lpx base list)")) -> None:  # fmt: skip
-    """Push a new version (validated by the registry; the same content twice is one version)."""
+                 base: str = typer.Option(..., "--base", help="base model name (lpx base list)"),
+                 dataset: str | None = typer.Option(None, "--dataset", help="the tenant's dataset it was "
+                                                    "trained from (the gate evaluates its eval split)"),
+                 ) -> None:  # fmt: skip
+    """Push a new version (validated by the registry; the same content twice is one version). The eval
+    gate evaluates it; it serves once it passes."""
     tenant, name = _split(ref, "name")
     if not path.is_dir():
         _fail(f"{path} is not a directory")
     files = [p for p in sorted(path.iterdir()) if p.is_file()]
-    version, created = _push_with_progress(tenant, name, base, files)
+    version, created = _push_with_progress(tenant, name, base, files, dataset)
     verb = "registered" if created else "already registered as"
     out.print(f"{verb} [bold]{tenant}/{version['alias']}[/bold] (digest {version['digest'][:16]}..., "
               f"rank {version['rank']}, {version['status']})")  # fmt: skip
 
 
-def _push_with_progress(tenant: str, name: str, base: str, files: list[Path]) -> tuple[dict, bool]:
+def _push_with_progress(tenant: str, name: str, base: str, files: list[Path],
+                        dataset: str | None = None) -> tuple[dict, bool]:  # fmt: skip
     import httpx
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     with _client() as client:
-        request = client.build_request("POST", "/v1/adapters", data={"tenant": tenant, "adapter": name,
-                                                                     "base_model": base},
+        form = {"tenant": tenant, "adapter": name, "base_model": base, **({"dataset": dataset} if dataset else {})}
+        request = client.build_request("POST", "/v1/adapters", data=form,
                                        files=[("files", (p.name, p.read_bytes())) for p in files])  # fmt: skip
         body = request.read()
         with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
