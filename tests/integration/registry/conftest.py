@@ -59,9 +59,17 @@ class Registry:
     def service(self):
         return self.app.state.service
 
-    async def push(self, tenant: str, adapter: str, directory: Path, base: str = "smollm2-135m") -> httpx.Response:
-        return await self.client.post("/v1/adapters", data={"tenant": tenant, "adapter": adapter, "base_model": base},
-                                      files=adapters.files_of(directory))  # fmt: skip
+    async def push(self, tenant: str, adapter: str, directory: Path, base: str = "smollm2-135m",
+                   dataset: str | None = None) -> httpx.Response:  # fmt: skip
+        form = {"tenant": tenant, "adapter": adapter, "base_model": base, **({"dataset": dataset} if dataset else {})}
+        return await self.client.post("/v1/adapters", data=form, files=adapters.files_of(directory))
+
+    async def push_dataset(self, tenant: str, name: str, lines: list[dict]) -> httpx.Response:
+        import json
+
+        body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        return await self.client.post("/v1/datasets", data={"tenant": tenant, "name": name},
+                                      files={"file": (f"{name}.jsonl", body)})  # fmt: skip
 
     async def create_tenant(self, name: str) -> str:
         reply = await self.client.post("/v1/tenants", json={"name": name})
