@@ -52,7 +52,7 @@ class TrainExample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     split: Literal["train"] = "train"
-    messages: list[ChatMessage] = Field(min_length=2)
+    messages: list[ChatMessage] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _ends_with_answer(self) -> TrainExample:

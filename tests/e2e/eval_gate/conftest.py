@@ -88,7 +88,7 @@ async def push(registry, tenant: str, adapter: str, path: Path, **kwargs) -> dic
     return reply.json()["version"]
 
 
-def distinct_copy(src: Path, dest: Path, note: str) -> Path:
+def distinct_copy(src: Path, dest: Path, note: str, base: str | None = None) -> Path:
     """Same weights, different bytes (a config field changed): its own digest and S3 object, so a
     test can alter it without touching the adapters other tests share."""
     import json
@@ -97,5 +97,7 @@ def distinct_copy(src: Path, dest: Path, note: str) -> Path:
     shutil.copy(src / "adapter_model.safetensors", dest / "adapter_model.safetensors")
     config = json.loads((src / "adapter_config.json").read_text())
     config["revision"] = note
+    if base is not None:
+        config["base_model_name_or_path"] = base
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return dest

@@ -1,0 +1,69 @@
+"""The gate's judgements: each criterion, the pass-rate threshold, the regression margins, parity."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.datasets import EvalCase
+from services.eval_gate import criteria
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def case(criterion: str, expected: str | None = None, **kw) -> EvalCase:
+    messages = USER + [{"role": "assistant", "content": "ref"}] if criterion == "loglik" else USER
+    return EvalCase(split="eval", criterion=criterion, expected=expected, messages=messages, **kw)
+
+
+@pytest.mark.parametrize(("criterion", "expected", "answer", "passed", "kw"), [
+    ("exact", "Ahoy!", "  Ahoy!\n", True, {}),
+    ("exact", "Ahoy!", "Ahoy! matey", False, {}),
+    ("contains", "Ahoy", "Well, Ahoy matey", True, {}),
+    ("contains", "ahoy", "Well, Ahoy matey", False, {}),
+    ("contains", "ahoy", "Well, Ahoy matey", True, {"ignore_case": True}),
+    ("regex", r"\bArr\b", "Arr, me hearty", True, {}),
+    ("regex", r"^Dear", "Hello. Dear", False, {}),
+])  # fmt: skip
+def test_text_criteria(criterion, expected, answer, passed, kw):
+    assert criteria.judge_text(case(criterion, expected, **kw), 0, answer).passed is passed
+
+
+def test_loglik_uses_the_mean_token_log_likelihood():
+    result = criteria.judge_loglik(case("loglik", min_score=-1.0), 2, [-0.5, -1.0, -1.2])
+    assert result.id == "case-3" and result.score == pytest.approx(-0.9) and result.passed
+    assert not criteria.judge_loglik(case("loglik"), 0, [-3.0, -2.0]).passed  # default threshold -1.0
+    assert not criteria.judge_loglik(case("loglik"), 0, []).passed
+
+
+def _score(version: int, outcomes: list[bool], logliks: list[float] | None = None):
+    from libs.contracts.reports import CaseResult
+
+    cases = [CaseResult(id=f"c{i}", criterion="contains", passed=p, expected="x") for i, p in enumerate(outcomes)]
+    cases += [CaseResult(id=f"l{i}", criterion="loglik", passed=True, score=s) for i, s in enumerate(logliks or [])]
+    return criteria.score_version(version, "0" * 64, cases)
+
+
+def test_threshold_and_regression_verdicts():
+    good, weak = _score(1, [True] * 4, [-0.2]), _score(2, [True, True, True, False], [-0.3])
+    assert good.pass_rate == 1.0 and good.mean_loglik == -0.2
+    assert criteria.threshold_verdict(weak, 0.8)[0]
+    ok, detail = criteria.threshold_verdict(_score(3, [True, False, False, False, False]), 0.8)
+    assert not ok and "pass rate 0.20 (1/5)" in detail and "c1 (contains 'x')" in detail
+    assert criteria.regression_verdict(weak, good, margin=0.25, loglik_margin=0.5)[0]
+    ok, detail = criteria.regression_verdict(weak, good, margin=0.1, loglik_margin=0.5)
+    assert not ok and detail.startswith("pass rate 0.80 vs 1.00 for active v1")
+    worse_loglik = _score(4, [True] * 5, [-2.0])
+    ok, detail = criteria.regression_verdict(worse_loglik, good, margin=0.1, loglik_margin=0.5)
+    assert not ok and "mean log-likelihood -2.000 vs -0.200" in detail
+
+
+def test_parity_agreement():
+    assert criteria.agreement([1, 2, 3], [1, 2, 3]) == 1.0
+    assert criteria.agreement([1, 2, 3, 4], [1, 2, 9, 9]) == 0.5
+    assert criteria.agreement([], []) == 1.0
+    same = criteria.parity_case("p", "a", "a", [1, 2], [1, 2], 0.75)
+    late = criteria.parity_case("p", "a", "b", [1, 2, 3, 4], [1, 2, 3, 5], 0.75)
+    early = criteria.parity_case("p", "a", "b", [1, 2, 3, 4], [9, 2, 3, 4], 0.75)
+    assert same.passed and late.passed and not early.passed
+    ok, detail = criteria.parity_verdict([same, late, early], 0.75)
+    assert not ok and detail.startswith("2/3 prompts match")
