@@ -37,6 +37,7 @@ __all__ = [
     "ResolveReply",
     "TrainJob",
     "TrainProgress",
+    "TrainStage",
     "DeadLetter",
     "PrewarmCommand",
     "SubmitRequest",
@@ -234,6 +235,9 @@ class EvalContextReply(Message):
     # The version the adapter's aliases serve now, the regression baseline (None: first version).
     active_version: int | None = None
     active_ref: AdapterRef | None = None
+    # Its stored eval report: the baseline when it is on another base (a migration), where this
+    # gate's engine cannot load it.
+    active_report: dict | None = None
 
 
 class ResolveRequest(Message):
@@ -255,25 +259,52 @@ class ResolveReply(Message):
 
 
 class TrainJob(Message):
+    """Train one LoRA adapter from a stored dataset (`subjects.TRAIN_JOBS`, a JetStream work queue;
+    Nats-Msg-Id = job_id). The trained adapter is pushed to the registry as a new version of
+    `tenant/adapter` and goes through the eval gate like any other."""
+
     job_id: str = Field(default_factory=new_id, pattern=ID_PATTERN)
     tenant: str
     adapter: str
-    dataset: str  # the tenant's dataset name in the registry
+    dataset: DatasetRef
     base_model: str
-    rank: int = 16
-    alpha: int = 32
+    # The recipe (the pool policy's rank, alpha and targets; empty targets: the trainer's default).
+    rank: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
     target_modules: list[str] = Field(default_factory=list)
-    steps: int = 30
+    steps: int = Field(30, ge=1, le=100_000)
+    batch_size: int = Field(4, ge=1, le=1024)
+    learning_rate: float = Field(2e-3, gt=0)
     seed: int = 0
+    # Set when the job is part of a base-model migration (the registry links the new version to it).
+    migration_id: str | None = None
+    migration_item: int | None = None
+    requested_by: str = "lpx"
+
+
+class TrainStage(StrEnum):
+    STARTED = "started"
+    TRAINING = "training"
+    PUSHED = "pushed"
+    FAILED = "failed"
 
 
 class TrainProgress(Message):
+    """Progress of one job on `subjects.train_progress(job_id)` (stored a day in TRAIN_PROGRESS_STREAM)."""
+
     job_id: str
-    step: int
-    total_steps: int
+    tenant: str
+    adapter: str
+    stage: TrainStage
+    step: int = 0
+    total_steps: int = 0
     loss: float | None = None
-    done: bool = False
+    done: bool = False  # the last message of the job (pushed or failed)
     error: str | None = None
+    version: int | None = None  # the registry version number of the pushed adapter
+    digest: str | None = None
+    trainer_id: str = ""
+    ts: float = Field(default_factory=time.time)
 
 
 class DeadLetter(Message):

@@ -42,7 +42,11 @@ EVAL_LEDGER_BUCKET = "lpx_eval_ledger"
 # --- training ----------------------------------------------------------------------------------
 TRAIN_STREAM = "LPX_TRAIN"
 TRAIN_JOBS = f"{PREFIX}.train.jobs"
+# Progress of each job (step, loss, done), kept a day so a CLI that attaches late sees where it is.
+TRAIN_PROGRESS_STREAM = "LPX_TRAIN_PROGRESS"
 TRAIN_PROGRESS_ALL = f"{PREFIX}.train.progress.>"
+# The trainer's record of finished jobs (job id -> final TrainProgress): a redelivered job is not retrained.
+TRAIN_LEDGER_BUCKET = "lpx_train_ledger"
 
 # --- dead letters ------------------------------------------------------------------------------
 DLQ_STREAM = "LPX_DLQ"
@@ -131,5 +135,24 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h"),
     StreamSpec(EVENTS_STREAM, (EVENTS_ALL,), max_age_s=7 * 24 * 3600, description="lifecycle events"),
     StreamSpec(TRAIN_STREAM, (TRAIN_JOBS,), retention="workqueue", description="training jobs"),
+    StreamSpec(TRAIN_PROGRESS_STREAM, (TRAIN_PROGRESS_ALL,), max_age_s=24 * 3600, description="training progress"),
     StreamSpec(DLQ_STREAM, (DLQ_ALL,), max_age_s=14 * 24 * 3600, description="dead letters with reasons"),
 )
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    want, got = pattern.split("."), subject.split(".")
+    for i, token_ in enumerate(want):
+        if token_ == ">":
+            return len(got) > i
+        if i >= len(got) or (token_ != "*" and token_ != got[i]):
+            return False
+    return len(got) == len(want)
+
+
+def stream_of(subject: str) -> str:
+    """The stream that stores `subject` (for publishers that must wait for the stream's ack)."""
+    for spec in STREAMS:
+        if any(_matches(pattern, subject) for pattern in spec.subjects):
+            return spec.name
+    raise ValueError(f"no stream stores {subject!r}")

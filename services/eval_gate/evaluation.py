@@ -152,6 +152,8 @@ class Evaluator:
         ref, candidate = context.active_ref, report.candidate
         if ref.digest == candidate.digest:
             return Step(None, f"same content as active v{context.active_version}")
+        if ref.base_model != self.settings.base_model:
+            return self._stored_baseline(context, report)
         path = self.work_dir / ref.digest
         try:
             await asyncio.to_thread(self.store.get_adapter, ref.digest, ref.object_key, path)
@@ -163,6 +165,20 @@ class Evaluator:
         passed, detail = criteria.regression_verdict(candidate, report.baseline, self.settings.regression_margin,
                                                      self.settings.loglik_margin)  # fmt: skip
         return Step(None, detail, passed=passed)
+
+    def _stored_baseline(self, context: EvalContextReply, report: EvalReport) -> Step:
+        """The active version is on another base (a migration): this engine cannot load it, so its
+        score is the one its own gate stored, if that was measured on the same eval set."""
+        stored = context.active_report or {}
+        same_set = (stored.get("dataset") or {}).get("digest") == (context.dataset.digest if context.dataset else None)
+        if not stored.get("candidate") or not same_set:
+            return Step(None, f"active v{context.active_version} is on base {context.active_ref.base_model} and has "
+                              f"no stored score on this eval set: compared on the threshold only")  # fmt: skip
+        report.baseline = VersionScore.model_validate(stored["candidate"])
+        passed, detail = criteria.regression_verdict(report.candidate, report.baseline,
+                                                     self.settings.regression_margin,
+                                                     self.settings.loglik_margin)  # fmt: skip
+        return Step(None, f"{detail} (stored score, base {context.active_ref.base_model})", passed=passed)
 
     async def _parity(self, spec: AdapterSpec, cases: list[EvalCase], report: EvalReport) -> Step:
         from libs.lora.train import peft_generate_ids

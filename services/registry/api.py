@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from libs.contracts import AdapterRef
 from libs.models.catalog import BaseModelSpec
-from services.registry import aliases, bases, datasets, lifecycle, orphans, tenants, versions
+from services.registry import aliases, base_migrations, bases, datasets, lifecycle, orphans, tenants, versions
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, transaction
 from services.registry.errors import Invalid, RegistryError, TooLarge, Unauthorized
@@ -65,6 +65,18 @@ class EvaluateRequest(BaseModel):
 class TenantUpdate(BaseModel):
     eval_threshold: float | None = Field(None, ge=0, le=1, description="pass rate a new version needs "
                                                                        "(null: the eval gate's default)")
+
+
+class MigrationCreate(BaseModel):
+    from_base: str
+    to_base: str
+    steps: int = Field(30, ge=1, le=100_000, description="training steps per adapter")
+    seed: int = 0
+    requested_by: str = Field("admin", min_length=1, max_length=200)
+
+
+class ItemFailure(BaseModel):
+    reason: str = Field(min_length=1, max_length=2000)
 
 
 class RetireRequest(BaseModel):
@@ -213,7 +225,8 @@ async def list_bases(ctx: Ctx) -> list[BaseModelPublic]:
 @admin.post("/adapters", tags=["adapters"], responses={200: {"description": "already registered (idempotent)"}})
 async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str, Form()],
                base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()],
-               dataset: Annotated[str | None, Form()] = None) -> JSONResponse:  # fmt: skip
+               dataset: Annotated[str | None, Form()] = None,
+               migration_item: Annotated[int | None, Form()] = None) -> JSONResponse:  # fmt: skip
     """Push a version: multipart with `tenant`, `adapter`, `base_model` and the adapter's files
     (adapter_config.json and adapter_model.safetensors), optionally `dataset` (the tenant's dataset
     it was trained from: the eval gate evaluates on its eval split). 201 when created, 200 when this
@@ -222,7 +235,8 @@ async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str,
     check_adapter_name(adapter)
     with spooled_upload(files, ctx.settings.max_adapter_bytes) as directory:
         result = await versions.push_version(ctx, tenant=tenant, adapter=adapter, base_model=base_model,
-                                             directory=directory, dataset=dataset or None)  # fmt: skip
+                                             directory=directory, dataset=dataset or None,
+                                             migration_item=migration_item)  # fmt: skip
     body = PushReply(created=result.created, version=result.version)
     return JSONResponse(status_code=201 if result.created else 200, content=body.model_dump(mode="json"))
 
@@ -332,6 +346,47 @@ async def upload_dataset(ctx: Ctx, tenant: Annotated[str, Form()], name: Annotat
 async def list_datasets(tenant: str, ctx: Ctx) -> list[datasets.DatasetPublic]:
     async with ctx.sessions() as session:
         return await datasets.list_datasets(session, tenant)
+
+
+# --- base-model migrations (admin) ---------------------------------------------------------------
+@admin.get("/migrations/plan", tags=["migrations"])
+async def migration_plan(ctx: Ctx, from_base: str = Query(...), to_base: str = Query(...)
+                         ) -> base_migrations.MigrationPlan:  # fmt: skip
+    """Every adapter served on `from_base` and the dataset it would be retrained from."""
+    async with ctx.sessions() as session:
+        return await base_migrations.plan(session, from_base, to_base)
+
+
+@admin.post("/migrations", status_code=201, tags=["migrations"])
+async def start_migration(body: MigrationCreate, ctx: Ctx) -> base_migrations.MigrationStatus:
+    """Start a migration: one training job per adapter, through the outbox (exactly once)."""
+    recipe = base_migrations.default_recipe(ctx.settings.max_rank, body.steps, body.seed)
+    async with transaction(ctx.sessions) as session:
+        migration = await base_migrations.start(session, from_base=body.from_base, to_base=body.to_base,
+                                                recipe=recipe, requested_by=body.requested_by)  # fmt: skip
+    ctx.wake_relay()
+    async with ctx.sessions() as session:
+        return await base_migrations.status(session, migration.id)
+
+
+@admin.get("/migrations", tags=["migrations"])
+async def list_migrations(ctx: Ctx) -> list[base_migrations.MigrationStatus]:
+    async with ctx.sessions() as session:
+        return await base_migrations.list_migrations(session)
+
+
+@admin.get("/migrations/{migration_id}", tags=["migrations"])
+async def migration_status(migration_id: str, ctx: Ctx) -> base_migrations.MigrationStatus:
+    async with ctx.sessions() as session:
+        return await base_migrations.status(session, migration_id)
+
+
+@admin.post("/migrations/{migration_id}/items/{item_id}/failed", tags=["migrations"])
+async def migration_item_failed(migration_id: str, item_id: int, body: ItemFailure, ctx: Ctx) -> dict:
+    """The trainer reports that an item's training failed (the tenant stays on the old base)."""
+    async with transaction(ctx.sessions) as session:
+        await base_migrations.fail_item(session, migration_id, item_id, body.reason)
+    return {"ok": True}
 
 
 @admin.post("/admin/sweep-orphans", tags=["maintenance"])

@@ -53,10 +53,12 @@ async def _context(session: AsyncSession, request: EvalContextRequest) -> EvalCo
     if request.claim and vctx.version.status == lifecycle.S.PENDING:
         await lifecycle.begin_evaluation(session, vctx)
     base = (await session.exec(select(BaseModelRow).where(BaseModelRow.id == vctx.version.base_model_id))).one()
-    active_version, active_ref = await _baseline(session, vctx)
+    active = await _baseline(session, vctx)
     return EvalContextReply(found=True, status=vctx.version.status, ref=vctx.ref(), base_spec=dict(base.spec),
                             dataset=await _eval_set(session, vctx), threshold=tenant.eval_threshold,
-                            active_version=active_version, active_ref=active_ref)  # fmt: skip
+                            active_version=active.number if active else None,
+                            active_ref=lifecycle.VersionContext(active, vctx.adapter, vctx.tenant).ref() if active
+                            else None, active_report=active.eval_report if active else None)  # fmt: skip
 
 
 async def _eval_set(session: AsyncSession, vctx: lifecycle.VersionContext) -> DatasetRef | None:
@@ -72,12 +74,11 @@ async def _eval_set(session: AsyncSession, vctx: lifecycle.VersionContext) -> Da
                       eval_cases=row.eval_cases)  # fmt: skip
 
 
-async def _baseline(session: AsyncSession, vctx: lifecycle.VersionContext):
+async def _baseline(session: AsyncSession, vctx: lifecycle.VersionContext) -> AdapterVersion | None:
     current_id = vctx.adapter.current_version_id
     if current_id is None or current_id == vctx.version.id:
-        return None, None
-    current = (await session.exec(select(AdapterVersion).where(AdapterVersion.id == current_id))).one()
-    return current.number, lifecycle.VersionContext(current, vctx.adapter, vctx.tenant).ref()
+        return None
+    return (await session.exec(select(AdapterVersion).where(AdapterVersion.id == current_id))).one()
 
 
 def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:

@@ -179,6 +179,39 @@ class Dataset(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+# --- base-model migrations ------------------------------------------------------------------------
+class Migration(SQLModel, table=True):
+    """Retrain every adapter served on `from_base` for `to_base`; each tenant's aliases move on pass."""
+
+    __tablename__ = "migrations"
+
+    id: str = Field(primary_key=True, max_length=40)
+    from_base: str = Field(max_length=63)
+    to_base: str = Field(max_length=63)
+    recipe: dict = Field(sa_type=JSONB, description="steps, seed, rank, alpha, targets of every job")
+    requested_by: str = ""
+    created_at: datetime = _ts()
+
+
+class MigrationItem(SQLModel, table=True):
+    """One adapter of a migration: its training job (one per adapter, ever) and what became of it."""
+
+    __tablename__ = "migration_items"
+    __table_args__ = (UniqueConstraint("migration_id", "adapter_id", name="uq_migration_items_adapter"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    migration_id: str = Field(foreign_key="migrations.id", index=True, max_length=40)
+    tenant_id: int = Field(foreign_key="tenants.id")
+    adapter_id: int = Field(foreign_key="adapters.id")
+    old_version_id: int = Field(foreign_key="adapter_versions.id")
+    dataset_id: int | None = Field(default=None, foreign_key="datasets.id", nullable=True)
+    job_id: str = Field(max_length=128, unique=True)
+    new_version_id: int | None = Field(default=None, foreign_key="adapter_versions.id", nullable=True)
+    error: str | None = None
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
 # --- the transactional outbox --------------------------------------------------------------------
 class OutboxEvent(SQLModel, table=True):
     """An event written in the same transaction as the change it announces; the relay publishes it

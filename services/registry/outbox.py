@@ -30,8 +30,12 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 
 def enqueue(session: AsyncSession, event: AdapterEvent) -> OutboxEvent:
     """Add `event` to the outbox of the caller's transaction (it is published only if that commits)."""
-    row = OutboxEvent(event_id=event.event_id, subject=subjects.adapter_event(event.kind),
-                      payload=event.model_dump_json())  # fmt: skip
+    return enqueue_message(session, subjects.adapter_event(event.kind), event, event.event_id)
+
+
+def enqueue_message(session: AsyncSession, subject: str, message, message_id: str) -> OutboxEvent:
+    """Any message (e.g. a TrainJob for the work queue) through the outbox, Nats-Msg-Id = message_id."""
+    row = OutboxEvent(event_id=message_id, subject=subject, payload=message.model_dump_json())
     session.add(row)
     return row
 
@@ -103,11 +107,13 @@ async def unpublished_count(session: AsyncSession) -> int:
     return len(rows.all())
 
 
-def jetstream_publisher(broker, stream: str = subjects.EVENTS_STREAM, timeout_s: float = 5.0) -> Publish:
-    """Publish through a FastStream NATS broker and wait for the stream's PubAck."""
+def jetstream_publisher(broker, timeout_s: float = 5.0) -> Publish:
+    """Publish through a FastStream NATS broker and wait for the PubAck of the stream that stores the
+    subject (lifecycle events, training jobs)."""
     import json
 
     async def publish(subject: str, payload: str, event_id: str) -> None:
+        stream = subjects.stream_of(subject)
         ack = await broker.publish(json.loads(payload), subject, headers={MSG_ID_HEADER: event_id}, stream=stream,
                                    timeout=timeout_s)  # fmt: skip
         if ack is not None and getattr(ack, "duplicate", False):

@@ -29,7 +29,7 @@ from libs.contracts import AdapterEventKind
 from libs.lora.format import ADAPTER_FILES, AdapterFiles
 from libs.lora.validate import canonical_dtype
 from libs.objectstore import adapter_prefix
-from services.registry import aliases, lifecycle
+from services.registry import aliases, base_migrations, lifecycle
 from services.registry.bases import get_base, spec_from_row
 from services.registry.context import RegistryContext, digest_lock
 from services.registry.db import is_unavailable, transaction
@@ -59,9 +59,11 @@ class PushResult:
 
 
 async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_model: str,
-                       directory: Path, dataset: str | None = None) -> PushResult:  # fmt: skip
+                       directory: Path, dataset: str | None = None,
+                       migration_item: int | None = None) -> PushResult:  # fmt: skip
     """`dataset` names the tenant's dataset the adapter was trained from (its eval split is what the
-    eval gate evaluates); it must exist."""
+    eval gate evaluates); it must exist. `migration_item` links the version to the base-model
+    migration item it was trained for."""
     check_name("tenant", tenant)
     check_adapter_name(adapter)
     check_base_name(base_model)
@@ -74,13 +76,15 @@ async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_
     async with digest_lock(ctx.engine, files.digest) as lock:
         existing = await _existing_version_id(ctx, tenant, adapter, files.digest)
         if existing is not None:
+            if migration_item is not None:
+                await _link_existing(ctx, existing, migration_item)
             return PushResult(await show_version(ctx, existing), created=False)
         created_object = not await asyncio.to_thread(_has_object, ctx, files.digest)
         if created_object:
             await asyncio.to_thread(ctx.store.put_adapter, directory, files.file_digests)
         ctx.hooks.fire("after_upload")
         try:
-            version_id = await _insert_version(ctx, tenant, adapter, base_model, files, dataset_id)
+            version_id = await _insert_version(ctx, tenant, adapter, base_model, files, dataset_id, migration_item)
         except IntegrityError as exc:
             existing = await _existing_version_id(ctx, tenant, adapter, files.digest)
             if existing is None:
@@ -110,6 +114,12 @@ async def _existing_version_id(ctx: RegistryContext, tenant: str, adapter: str, 
         return (await session.exec(query)).first()
 
 
+async def _link_existing(ctx: RegistryContext, version_id: int, migration_item: int) -> None:
+    async with transaction(ctx.sessions) as session:
+        vctx = await lifecycle.load_version(session, version_id, lock=False)
+        await base_migrations.link_version(session, migration_item, vctx.version, vctx.tenant)
+
+
 async def _dataset_id(session: AsyncSession, tenant: Tenant, name: str) -> int:
     check_name("dataset", name)
     found = (await session.exec(select(Dataset.id).where(Dataset.tenant_id == tenant.id, Dataset.name == name))).first()
@@ -119,7 +129,8 @@ async def _dataset_id(session: AsyncSession, tenant: Tenant, name: str) -> int:
 
 
 async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: str, base_name: str,
-                          files: AdapterFiles, dataset_id: int | None = None) -> int:  # fmt: skip
+                          files: AdapterFiles, dataset_id: int | None = None,
+                          migration_item: int | None = None) -> int:  # fmt: skip
     async with transaction(ctx.sessions) as session:
         tenant = await aliases.get_tenant(session, tenant_name)
         base = await get_base(session, base_name)
@@ -135,6 +146,8 @@ async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: 
         session.add_all([adapter, version])
         await session.flush()
         await aliases.add_pinned(session, tenant, adapter, version)
+        if migration_item is not None:
+            await base_migrations.link_version(session, migration_item, version, tenant)
         event_ctx = lifecycle.VersionContext(version, adapter, tenant)
         enqueue(session, event_ctx.event(AdapterEventKind.REGISTERED, detail="pushed; awaiting evaluation",
                                          alias=aliases.pinned_name(adapter.name, version.number)))  # fmt: skip
