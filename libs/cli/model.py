@@ -73,3 +73,31 @@ def verify(name: str = typer.Argument("smollm2-135m")) -> None:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
     console.print(f"{name}: ok ({fetched.path})")
+
+
+@model_app.command()
+def derive(
+    name: str = typer.Argument(..., help="name of the derived base (written to $LPX_HOME/models/NAME)"),
+    source: str = typer.Option("smollm2-135m", "--from", help="a fetched base model"),
+    seed: int = typer.Option(0, help="seed of the residual-stream permutation and the training"),
+    steps: int = typer.Option(4, help="continued-training steps after the permutation"),
+) -> None:
+    """Derive a second base from a fetched one (a permuted residual stream plus a short continued
+    training): the same shapes, but adapters of the source do not transfer. For migration drills."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from libs.models.derive import derive_base
+    from libs.paths import models_dir
+
+    src = models_dir() / source
+    if not (src / "config.json").is_file():
+        console.print(f"[red]{source} is not fetched:[/red] run `lpx model fetch {source}` first")
+        raise typer.Exit(1)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(f"{name}: starting", total=1.0)
+
+        def report(stage: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=f"{name}: {stage}")
+
+        path = derive_base(src, models_dir() / name, seed=seed, steps=steps, progress=report)
+    console.print(f"{name} at [bold]{path}[/bold]; register it with `lpx base register {name} {path}`")

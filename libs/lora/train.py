@@ -90,16 +90,24 @@ def random_adapters(base_path: Path, out_dirs: dict[int, Path], recipe: LoraReci
     return written
 
 
+def training_device(device: str = "auto") -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
 def train_adapter(base_path: Path, examples: Sequence[dict], out_dir: Path, recipe: LoraRecipe | None = None,
-                  on_step: StepCallback | None = None) -> tuple[Path, list[float]]:  # fmt: skip
-    """Train a LoRA on chat examples ({"messages": [...]}, loss on the assistant turns only)."""
+                  on_step: StepCallback | None = None, device: str = "auto") -> tuple[Path, list[float]]:  # fmt: skip
+    """Train a LoRA on chat examples ({"messages": [...]}, loss on the assistant turns only), on the
+    GPU when there is one (float32 weights either way: the saved adapter does not depend on it)."""
     import torch
     from peft import get_peft_model
 
     recipe = recipe or LoraRecipe()
+    device = training_device(device)
     _seed_everything(recipe.seed)
     tok, model = _load_base(base_path)
-    peft_model = get_peft_model(model, _peft_config(recipe))
+    peft_model = get_peft_model(model.to(device), _peft_config(recipe))
     batches = [encode_chat(tok, ex["messages"], recipe.max_length) for ex in examples]
     if not batches:
         raise ValueError("no training examples")
@@ -109,7 +117,7 @@ def train_adapter(base_path: Path, examples: Sequence[dict], out_dir: Path, reci
     peft_model.train()
     for step in range(1, recipe.steps + 1):
         picked = [batches[rng.randrange(len(batches))] for _ in range(recipe.batch_size)]
-        input_ids, labels, attention = _collate(picked, tok.pad_token_id or 0)
+        input_ids, labels, attention = (t.to(device) for t in _collate(picked, tok.pad_token_id or 0))
         loss = peft_model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         optimizer.step()
@@ -119,7 +127,7 @@ def train_adapter(base_path: Path, examples: Sequence[dict], out_dir: Path, reci
             on_step(step, recipe.steps, losses[-1])
     peft_model.eval()
     _set_base_name(peft_model, base_path)
-    return save_adapter(peft_model, out_dir), losses
+    return save_adapter(peft_model.to("cpu"), out_dir), losses
 
 
 def encode_chat(tok, messages: Sequence[dict], max_length: int) -> tuple[list[int], list[int]]:

@@ -1,0 +1,184 @@
+"""`lpx train` and `lpx migrate plan|start|status`: training jobs and base-model migrations.
+
+`lpx train` publishes a TrainJob to the JetStream work queue and follows its progress events with a
+progress bar; the trainer pushes the result to the registry and the eval gate decides. Migrations are
+started in the registry, which enqueues one training job per adapter (exactly once, via its outbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from libs.cli.registry_cmds import _call, _fail, err, out
+
+migrate_app = typer.Typer(help="Base-model migrations: retrain every adapter on a new base.", no_args_is_help=True)
+
+# Training cost model for `migrate plan` (estimates, printed with their assumptions).
+TOKENS_PER_EXAMPLE = 256  # the trainer's max_length
+GPU_PEAK_FLOPS = 989e12  # H100 dense BF16
+GPU_UTILISATION = 0.35
+JOB_OVERHEAD_S = 60.0  # load the base, save and push, per adapter
+PRICE_PER_GPU_HOUR = 2.50  # the brief's illustrative H100 price
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+    app.add_typer(migrate_app, name="migrate")
+
+
+def _dataset_ref(tenant: str, name: str):
+    from libs.contracts import DatasetRef
+
+    for row in _call("GET", f"/v1/tenants/{tenant}/datasets"):
+        if row["name"] == name:
+            return DatasetRef(name=row["name"], digest=row["digest"], object_key=row["object_key"],
+                              train_examples=row["train_examples"], eval_cases=row["eval_cases"])  # fmt: skip
+    _fail(f"tenant {tenant!r} has no dataset named {name!r} (lpx dataset list {tenant})")
+
+
+def train(tenant: str = typer.Argument(...),
+          dataset: str = typer.Option(..., "--dataset", help="the tenant's dataset name (lpx dataset list)"),
+          adapter: str = typer.Option("support", "--adapter", help="adapter to push the new version to"),
+          base: str = typer.Option("smollm2-135m", "--base", help="base model to train on"),
+          steps: int = typer.Option(30, help="optimizer steps"), seed: int = typer.Option(0),
+          rank: int = typer.Option(16, help="LoRA rank (the pool policy's max rank)"),
+          batch_size: int = typer.Option(4), learning_rate: float = typer.Option(2e-3),
+          wait_gate: bool = typer.Option(True, "--wait-gate/--no-wait-gate",
+                                         help="after the push, wait for the eval gate's verdict")) -> None:  # fmt: skip
+    """Train a LoRA for TENANT from a stored dataset (on the trainer service), with a progress bar."""
+    from libs.contracts import TrainJob
+
+    job = TrainJob(tenant=tenant, adapter=adapter, dataset=_dataset_ref(tenant, dataset), base_model=base,
+                   rank=rank, alpha=2 * rank, steps=steps, seed=seed, batch_size=batch_size,
+                   learning_rate=learning_rate, requested_by="lpx train")  # fmt: skip
+    final = asyncio.run(_submit_and_follow(job))
+    if final.error:
+        _fail(f"training failed: {final.error}")
+    out.print(f"trained and pushed [bold]{tenant}/{adapter}-v{final.version}[/bold] (sha256 {final.digest[:16]}...)")
+    if wait_gate:
+        from libs.cli.eval_cmds import _print_report, _wait_for_verdict
+
+        row = _wait_for_verdict(tenant, adapter, final.version, 1800)
+        _print_report(row)
+        if row["status"] != "active":
+            raise typer.Exit(1)
+
+
+async def _submit_and_follow(job):
+    import nats
+    from nats.js.api import DeliverPolicy
+
+    from libs.contracts import TrainProgress, subjects
+    from libs.settings import ConnectionSettings
+
+    nc = await nats.connect(ConnectionSettings.load().nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(subjects.train_progress(job.job_id), ordered_consumer=True,
+                                 deliver_policy=DeliverPolicy.ALL)  # fmt: skip
+        await js.publish(subjects.TRAIN_JOBS, job.model_dump_json().encode(), stream=subjects.TRAIN_STREAM,
+                         headers={"Nats-Msg-Id": job.job_id})  # fmt: skip
+        err.print(f"job {job.job_id} queued: {job.tenant}/{job.adapter} on {job.base_model}, {job.steps} steps")
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=err) as bar:  # fmt: skip
+            task = bar.add_task("waiting for a trainer", total=job.steps)
+            async for msg in sub.messages:
+                event = TrainProgress.model_validate_json(msg.data)
+                loss = f" loss {event.loss:.3f}" if event.loss is not None else ""
+                bar.update(task, completed=event.step, description=f"{event.stage}{loss}")
+                if event.done:
+                    return event
+    finally:
+        await nc.drain()
+
+
+# --- migrations ----------------------------------------------------------------------------------
+def _estimate(plan: dict, base_spec: dict, steps: int, batch_size: int = 4) -> tuple[float, float]:
+    """(GPU-hours, cost): 6 x params x tokens FLOPs per adapter at a utilisation, plus per-job overhead."""
+    params = base_spec["params"]
+    flops = 6 * params * steps * batch_size * TOKENS_PER_EXAMPLE
+    per_job_s = flops / (GPU_PEAK_FLOPS * GPU_UTILISATION) + JOB_OVERHEAD_S
+    jobs = sum(1 for i in plan["items"] if i["dataset"])
+    hours = jobs * per_job_s / 3600
+    return hours, hours * PRICE_PER_GPU_HOUR
+
+
+def _base_params(name: str) -> dict:
+    """The base's projection parameters (every layer's q, k, v, o, gate, up, down), from its shapes."""
+    for row in _call("GET", "/v1/base-models"):
+        if row["name"] == name:
+            per_layer = sum(i * o for i, o in row["module_shapes"].values())
+            return {"params": per_layer * row["num_layers"]}
+    _fail(f"unknown base model {name!r} (lpx base list)")
+
+
+@migrate_app.command("plan")
+def migrate_plan(from_base: str = typer.Option(..., "--from"), to_base: str = typer.Option(..., "--to"),
+                 steps: int = typer.Option(30, help="training steps per adapter")) -> None:  # fmt: skip
+    """How many adapters would be retrained, from which datasets, and the estimated GPU-hours and cost."""
+    plan = _call("GET", "/v1/migrations/plan", params={"from_base": from_base, "to_base": to_base})
+    table = Table("tenant", "adapter", "serving", "dataset", "train examples", "note",
+                  title=f"migration plan {from_base} -> {to_base}")  # fmt: skip
+    for i in plan["items"]:
+        table.add_row(i["tenant"], i["adapter"], f"v{i['version']}", i["dataset"] or "-", str(i["train_examples"]),
+                      i["reason"])  # fmt: skip
+    out.print(table)
+    hours, cost = _estimate(plan, _base_params(to_base), steps)
+    trainable = sum(1 for i in plan["items"] if i["dataset"])
+    out.print(f"{trainable} of {len(plan['items'])} adapters retrainable; estimated {hours:.2f} GPU-hours "
+              f"(~${cost:.2f} at ${PRICE_PER_GPU_HOUR:.2f}/H100-hour; {steps} steps x {TOKENS_PER_EXAMPLE * 4} tokens, "
+              f"{GPU_UTILISATION:.0%} utilisation, {JOB_OVERHEAD_S:.0f}s overhead per job)")  # fmt: skip
+
+
+@migrate_app.command("start")
+def migrate_start(from_base: str = typer.Option(..., "--from"), to_base: str = typer.Option(..., "--to"),
+                  steps: int = typer.Option(30), seed: int = typer.Option(0),
+                  by: str = typer.Option("lpx-cli", "--by")) -> None:  # fmt: skip
+    """Start retraining every adapter served on --from for --to (trainers pick the jobs up)."""
+    status = _call("POST", "/v1/migrations", json={"from_base": from_base, "to_base": to_base, "steps": steps,
+                                                   "seed": seed, "requested_by": by})  # fmt: skip
+    out.print(f"migration [bold]{status['id']}[/bold] started: {len(status['items'])} adapters "
+              f"({from_base} -> {to_base}); follow it with `lpx migrate status {status['id']}`")
+
+
+@migrate_app.command("status")
+def migrate_status(migration_id: str | None = typer.Argument(None, help="default: the latest migration"),
+                   watch: bool = typer.Option(False, "--watch", help="refresh until the migration is done")
+                   ) -> None:  # fmt: skip
+    """Each tenant's state (training, evaluating, passed, failed) and the tenants that stay on the old base."""
+    while True:
+        status = _latest(migration_id)
+        _print_status(status)
+        if not watch or status["done"]:
+            return
+        time.sleep(5)
+
+
+def _latest(migration_id: str | None) -> dict:
+    if migration_id:
+        return _call("GET", f"/v1/migrations/{migration_id}")
+    every = _call("GET", "/v1/migrations")
+    if not every:
+        _fail("no migrations yet")
+    return every[-1]
+
+
+def _print_status(status: dict) -> None:
+    colours = {"passed": "green", "failed": "red", "evaluating": "yellow", "training": "cyan"}
+    table = Table("tenant", "adapter", "from", "to", "state", "reason",
+                  title=f"{status['id']}: {status['from_base']} -> {status['to_base']}")  # fmt: skip
+    for i in status["items"]:
+        colour = colours.get(i["state"], "white")
+        table.add_row(i["tenant"], i["adapter"], f"v{i['old_version']}",
+                      f"v{i['new_version']}" if i["new_version"] else "-", f"[{colour}]{i['state']}[/{colour}]",
+                      i["reason"])  # fmt: skip
+    out.print(table)
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(status["counts"].items()))
+    state = "done" if status["done"] else "running"
+    failed = [f"{i['tenant']}/{i['adapter']}" for i in status["items"] if i["state"] == "failed"]
+    out.print(f"{state}: {counts}" + (f"; staying on {status['from_base']}: {', '.join(failed)}" if failed else ""))
