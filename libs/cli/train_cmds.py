@@ -137,11 +137,12 @@ def migrate_plan(from_base: str = typer.Option(..., "--from"), to_base: str = ty
 
 @migrate_app.command("start")
 def migrate_start(from_base: str = typer.Option(..., "--from"), to_base: str = typer.Option(..., "--to"),
-                  steps: int = typer.Option(30), seed: int = typer.Option(0),
+                  steps: int = typer.Option(30), seed: int = typer.Option(0), batch_size: int = typer.Option(4),
                   by: str = typer.Option("lpx-cli", "--by")) -> None:  # fmt: skip
     """Start retraining every adapter served on --from for --to (trainers pick the jobs up)."""
     status = _call("POST", "/v1/migrations", json={"from_base": from_base, "to_base": to_base, "steps": steps,
-                                                   "seed": seed, "requested_by": by})  # fmt: skip
+                                                   "seed": seed, "batch_size": batch_size,
+                                                   "requested_by": by})  # fmt: skip
     out.print(f"migration [bold]{status['id']}[/bold] started: {len(status['items'])} adapters "
               f"({from_base} -> {to_base}); follow it with `lpx migrate status {status['id']}`")
 

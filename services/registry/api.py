@@ -71,6 +71,7 @@ class MigrationCreate(BaseModel):
     from_base: str
     to_base: str
     steps: int = Field(30, ge=1, le=100_000, description="training steps per adapter")
+    batch_size: int = Field(4, ge=1, le=1024)
     seed: int = 0
     requested_by: str = Field("admin", min_length=1, max_length=200)
 
@@ -360,7 +361,7 @@ async def migration_plan(ctx: Ctx, from_base: str = Query(...), to_base: str = Q
 @admin.post("/migrations", status_code=201, tags=["migrations"])
 async def start_migration(body: MigrationCreate, ctx: Ctx) -> base_migrations.MigrationStatus:
     """Start a migration: one training job per adapter, through the outbox (exactly once)."""
-    recipe = base_migrations.default_recipe(ctx.settings.max_rank, body.steps, body.seed)
+    recipe = base_migrations.default_recipe(ctx.settings.max_rank, body.steps, body.seed, body.batch_size)
     async with transaction(ctx.sessions) as session:
         migration = await base_migrations.start(session, from_base=body.from_base, to_base=body.to_base,
                                                 recipe=recipe, requested_by=body.requested_by)  # fmt: skip

@@ -152,10 +152,10 @@ def _job(migration: Migration, item: MigrationItem, tenant: Tenant, adapter: Ada
                     requested_by=f"migration {migration.id}", **recipe)  # fmt: skip
 
 
-def default_recipe(max_rank: int, steps: int, seed: int) -> dict:
+def default_recipe(max_rank: int, steps: int, seed: int, batch_size: int = 4) -> dict:
     """The pool policy's recipe: its max rank, alpha 2 x rank, every projection targeted."""
     return {"rank": max_rank, "alpha": 2 * max_rank, "target_modules": list(DEFAULT_TARGETS), "steps": steps,
-            "seed": seed}
+            "seed": seed, "batch_size": batch_size}
 
 
 async def _unfinished(session: AsyncSession, from_base: str, to_base: str) -> list[str]:
