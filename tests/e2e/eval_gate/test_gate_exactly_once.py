@@ -58,7 +58,8 @@ async def test_gate_killed_mid_evaluation_completes_exactly_once(stack, connecti
     # A base of its own (same shapes as SmolLM2), so that only the subprocess gates evaluate it.
     base = f"smollm2-kill-{uuid.uuid4().hex[:4]}"
     config = json.loads((base_model_path / "config.json").read_text())
-    assert (await gate_registry.client.post("/v1/base-models", json={"name": base, "config": config})).status_code == 201
+    registered = await gate_registry.client.post("/v1/base-models", json={"name": base, "config": config})
+    assert registered.status_code == 201, registered.text
     env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_EVAL_GATE_BASE_MODEL": base,
            "LPX_EVAL_GATE_MODEL_PATH": str(base_model_path), "LPX_EVAL_GATE_DURABLE": f"kill-{uuid.uuid4().hex[:8]}",
            "LPX_EVAL_GATE_DELIVER_POLICY": "new", "LPX_EVAL_GATE_ACK_WAIT_S": "10",

@@ -31,6 +31,7 @@ class RegistryProcess:
     def __init__(self, url: str, env: dict, proc: subprocess.Popen, log: Path) -> None:
         self.url, self.env, self.proc, self.log = url, env, proc, log
         self.client = httpx.AsyncClient(base_url=url, headers=ADMIN, timeout=60)
+        self.keys: dict[str, str] = {}  # tenant -> API key
 
     async def lpx(self, *args: str, timeout_s: float = 600) -> tuple[int, str]:
         """The CLI as an operator runs it; returns (exit status, stdout + stderr)."""
@@ -44,7 +45,9 @@ class RegistryProcess:
         import json
 
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        assert (await self.client.post("/v1/tenants", json={"name": name})).status_code == 201
+        created = await self.client.post("/v1/tenants", json={"name": name})
+        assert created.status_code == 201, created.text
+        self.keys[name] = created.json()["api_key"]
         if lines is not None:
             body = "".join(json.dumps(line) + "\n" for line in lines).encode()
             reply = await self.client.post("/v1/datasets", data={"tenant": name, "name": "support-data"},
