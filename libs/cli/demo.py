@@ -21,9 +21,10 @@ def register(app: typer.Typer) -> None:
 def demo(
     base: str = typer.Option("smollm2-135m", help="base model from the catalogue"),
 ) -> None:
-    """Run the platform end to end on local defaults: stack, base model, tenants' adapters trained and
-    registered, a worker and the gateway, then one mixed batch through the gateway (OpenAI API), each
-    tenant answered by its own adapter."""
+    """Run the platform end to end on local defaults: stack, base model, each demo tenant's dataset
+    stored, its adapter trained by the trainer service and passed by the eval gate, a worker and the
+    gateway, then one mixed batch through the gateway (OpenAI API), each tenant answered by its own
+    adapter, side by side."""
     from rich.table import Table
 
     from libs.cli.stack import print_status
@@ -37,7 +38,8 @@ def demo(
     with console.status(f"2/4 fetching base model {base}..."):
         model = fetch(base)
     console.log(f"base model ready at {model.path}")
-    with console.status("3/4 adapters, registry, worker, gateway (first run trains two adapters: ~2 min on CPU)..."):
+    with console.status("3/4 registry, trainer, eval gate, worker, gateway (the first run trains and gates three "
+                        "adapters: ~4 min on 2 CPU cores)..."):  # fmt: skip
         answers = flow.run(stack, model.path, log=lambda msg: console.log(msg))
     table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
     for col in ("tenant", "model", "answer", "adapter applied", "s"):

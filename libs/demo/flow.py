@@ -1,18 +1,20 @@
 """The `lpx demo` flow: the platform end to end on local defaults, with real servers and processes.
 
-1. the local stack (NATS JetStream, PostgreSQL, S3);  2. the base model;  3. one LoRA adapter per demo
-tenant, trained with peft on its tone (cached after the first run);  4. the registry service: tenants,
-adapter pushes (validated, stored content-addressed), activation;  5. a worker service (vLLM with LoRA);
-6. the gateway (OpenAI-compatible HTTP); 7. a mixed batch through it with the official `openai` client:
-each tenant's adapter and the base model in the same engine batch, each answer's applied digest checked
-by the gateway against the one the registry resolved.
+1. the local stack (NATS JetStream, PostgreSQL, S3);  2. the base model;  3. the registry, the trainer
+and the eval gate as services: each demo tenant's dataset (shipped as JSONL in libs/demo/data) is
+stored, a training job per tenant goes over the JetStream work queue to the trainer (peft), which
+pushes the adapter to the registry; the eval gate (vLLM) evaluates it and only a pass activates it;
+4. a worker (vLLM with LoRA) and the gateway (OpenAI-compatible HTTP); 5. a mixed batch through it with
+the official `openai` client: each tenant's adapter and the base model in the same engine batch, each
+answer's applied digest checked by the gateway against the one the registry resolved.
+
+A second run re-uses what is there: tenants get a fresh key, the datasets are the same content, and a
+tenant whose adapter already passed the gate on its dataset is not retrained.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ Log = Callable[[str], None]
 POOL = "smollm2-135m-r16"
 BASE = "smollm2-135m"
 QUESTION = "Where is my order?"
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_SEED = 12, 2, 11
 
 
 @dataclass
@@ -41,51 +44,91 @@ class Answer:
     seconds: float
 
 
-def train_adapters(base_path: Path, log: Log) -> dict[str, Path]:
-    from libs.lora.format import adapter_digest
-    from libs.lora.train import LoraRecipe, train_adapter
-
-    recipe = LoraRecipe(steps=12, batch_size=2, seed=11)
-    out = {}
+def register_tenants(http: httpx.Client, log: Log) -> tuple[dict[str, str], dict[str, dict]]:
+    """Tenants and their datasets. Returns (tenant -> API key, tenant -> dataset row)."""
+    keys, datasets = {}, {}
     for tenant in TENANTS:
-        key = hashlib.sha256(json.dumps([tenant.reply, repr(recipe)]).encode()).hexdigest()[:12]
-        path = lpx_home() / "demo" / "adapters" / f"{tenant.name}-{key}"
-        try:
-            adapter_digest(path)
-            log(f"adapter for {tenant.name} ({tenant.tone}) cached at {path}")
-        except OSError:
-            log(f"training {tenant.name}'s {tenant.tone} adapter with peft ({recipe.steps} steps, ~30 s)...")
-            train_adapter(base_path, tenant.examples(), path, recipe,
-                          on_step=lambda s, n, loss: log(f"  step {s}/{n} loss {loss:.3f}") if s % 4 == 0 else None)
-        out[tenant.name] = path
-    return out
+        created = http.post("/v1/tenants", json={"name": tenant.name})
+        if created.status_code == 409:  # a previous demo run: issue a fresh key
+            created = http.post(f"/v1/tenants/{tenant.name}/keys")
+        created.raise_for_status()
+        keys[tenant.name] = created.json()["api_key"]
+        stored = http.post("/v1/datasets", data={"tenant": tenant.name, "name": "support-data"},
+                           files={"file": (tenant.dataset.name, tenant.dataset.read_bytes())})  # fmt: skip
+        if stored.status_code not in (200, 201):
+            raise RuntimeError(f"dataset of {tenant.name} refused: {stored.text}")
+        datasets[tenant.name] = stored.json()
+        log(f"{tenant.name}: dataset {tenant.dataset.name} ({stored.json()['train_examples']} train examples, "
+            f"{stored.json()['eval_cases']} eval cases, sha256 {stored.json()['digest'][:12]})")
+    return keys, datasets
 
 
-def register_adapters(registry_url: str, admin: str, adapters: dict[str, Path], log: Log) -> dict[str, str]:
-    """Tenants, pushes and activation through the registry's HTTP API. Returns tenant -> API key."""
-    headers = {"Authorization": f"Bearer {admin}"}
-    keys = {}
-    with httpx.Client(base_url=registry_url, headers=headers, timeout=60) as http:
+def already_gated(http: httpx.Client, tenant: str, adapter: str) -> dict | None:
+    """The adapter's serving version when it passed the gate on the demo dataset (re-runs skip training)."""
+    reply = http.get(f"/v1/tenants/{tenant}/aliases/{adapter}")
+    if reply.status_code != 200:
+        return None
+    row = reply.json()
+    return row if row["status"] == "active" and row["dataset"] == "support-data" and row["eval_report"] else None
+
+
+async def train_all(nats_url: str, datasets: dict[str, dict], skip: set[str], log: Log) -> dict[str, int]:
+    """One TrainJob per tenant on the work queue; follows the trainer's progress. Returns versions."""
+    import nats
+    from nats.js.api import DeliverPolicy
+
+    from libs.contracts import DatasetRef, TrainJob, TrainProgress, subjects
+
+    nc = await nats.connect(nats_url)
+    versions: dict[str, int] = {}
+    try:
+        js = nc.jetstream()
         for tenant in TENANTS:
-            created = http.post("/v1/tenants", json={"name": tenant.name})
-            if created.status_code == 409:  # a previous demo run: issue a fresh key
-                created = http.post(f"/v1/tenants/{tenant.name}/keys")
-            created.raise_for_status()
-            keys[tenant.name] = created.json()["api_key"]
-            path = adapters[tenant.name]
-            files = [("files", (p.name, p.read_bytes())) for p in sorted(path.iterdir()) if p.is_file()]
-            pushed = http.post("/v1/adapters", data={"tenant": tenant.name, "adapter": tenant.adapter,
-                                                     "base_model": BASE}, files=files)  # fmt: skip
-            pushed.raise_for_status()
-            version = pushed.json()["version"]
-            state = "new" if pushed.status_code == 201 else "already stored"
-            log(f"{tenant.name}/{tenant.adapter}: v{version['number']} sha256 {version['digest'][:12]} ({state})")
-            if version["status"] != "active":
-                # The eval gate service is not built yet: activation is an explicit, recorded admin override.
-                path = f"/v1/tenants/{tenant.name}/adapters/{tenant.adapter}/versions/{version['number']}/activate"
-                override = {"actor": "lpx-demo", "reason": "demo: eval gate not deployed"}
-                http.post(path, json=override).raise_for_status()
-    return keys
+            if tenant.name in skip:
+                continue
+            row = datasets[tenant.name]
+            job = TrainJob(tenant=tenant.name, adapter=tenant.adapter, base_model=BASE, steps=TRAIN_STEPS,
+                           batch_size=TRAIN_BATCH, seed=TRAIN_SEED, requested_by="lpx demo",
+                           dataset=DatasetRef(**{k: row[k] for k in ("name", "digest", "object_key", "train_examples",
+                                                                     "eval_cases")}))  # fmt: skip
+            sub = await js.subscribe(subjects.train_progress(job.job_id), ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL)  # fmt: skip
+            await js.publish(subjects.TRAIN_JOBS, job.model_dump_json().encode(), headers={"Nats-Msg-Id": job.job_id})
+            log(f"{tenant.name}: training job {job.job_id[:8]} queued ({tenant.tone} tone, {TRAIN_STEPS} steps)")
+            async for msg in sub.messages:
+                event = TrainProgress.model_validate_json(msg.data)
+                if event.loss is not None and event.step % 4 == 0:
+                    log(f"  {tenant.name}: step {event.step}/{event.total_steps} loss {event.loss:.3f}")
+                if event.done:
+                    if event.error:
+                        raise RuntimeError(f"training {tenant.name} failed: {event.error}")
+                    log(f"{tenant.name}: pushed {tenant.adapter}-v{event.version} (sha256 {event.digest[:12]}); "
+                        f"awaiting the eval gate")  # fmt: skip
+                    versions[tenant.name] = event.version
+                    break
+            await sub.unsubscribe()
+    finally:
+        await nc.drain()
+    return versions
+
+
+def wait_for_verdicts(http: httpx.Client, versions: dict[str, int], log: Log, timeout_s: float = 600) -> None:
+    adapter = {t.name: t.adapter for t in TENANTS}
+    deadline = time.monotonic() + timeout_s
+    waiting = dict(versions)
+    while waiting and time.monotonic() < deadline:
+        for tenant, number in list(waiting.items()):
+            row = http.get(f"/v1/tenants/{tenant}/aliases/{adapter[tenant]}-v{number}").json()
+            if row["status"] in ("active", "rejected"):
+                cand = (row["eval_report"] or {}).get("candidate") or {}
+                log(f"{tenant}: eval gate {row['status'].upper()} v{number} "
+                    f"({cand.get('passed', 0)}/{cand.get('total', 0)} eval cases) - {row['status_reason'][:140]}")
+                if row["status"] != "active":
+                    raise RuntimeError(f"{tenant}'s adapter did not pass the gate: {row['status_reason']}")
+                del waiting[tenant]
+        time.sleep(1.0)
+    if waiting:
+        raise TimeoutError(f"no verdict within {timeout_s:.0f}s for {sorted(waiting)}")
 
 
 async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list[Answer]:
@@ -111,24 +154,37 @@ async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list
 
 
 def run(stack, base_path: Path, log: Log) -> list[Answer]:
-    adapters = train_adapters(base_path, log)
-    env = {"LPX_ENV_FILE": str(stack.env_file), "HF_HUB_OFFLINE": "1"}
+    env = {"LPX_ENV_FILE": str(stack.env_file), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_LOGGING_LEVEL": "WARNING"}  # fmt: skip
     logs = lpx_home() / "demo" / "logs"
     admin = secrets.token_urlsafe(16)
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     registry = ServiceProcess("registry", "services.registry", {**env, "LPX_REGISTRY_PORT": str(port),
                               "LPX_REGISTRY_ADMIN_TOKEN": admin}, logs)  # fmt: skip
+    trainer = ServiceProcess("trainer", "services.trainer", {**env, "LPX_TRAINER_REGISTRY_URL": url,
+                             "LPX_TRAINER_ADMIN_TOKEN": admin, "LPX_TRAINER_TRAINER_ID": "demo-trainer"}, logs)
+    gate = ServiceProcess("eval-gate", "services.eval_gate", {**env, "LPX_EVAL_GATE_BASE_MODEL": BASE,
+                          "LPX_EVAL_GATE_MODEL_PATH": str(base_path), "LPX_EVAL_GATE_GATE_ID": "demo-gate"}, logs)
+    with registry, trainer, gate, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
+                                               timeout=60) as http:  # fmt: skip
+        registry.wait_http(f"{url}/healthz")
+        log(f"registry up on :{port}; trainer and eval gate starting (logs in {logs})")
+        keys, datasets = register_tenants(http, log)
+        skip = {t.name for t in TENANTS if already_gated(http, t.name, t.adapter)}
+        for name in sorted(skip):
+            log(f"{name}: adapter already trained on this dataset and passed the gate; not retrained")
+        versions = asyncio.run(train_all(_nats_url(stack), datasets, skip, log))
+        wait_for_verdicts(http, versions, log)
+    # Training and gating are done: their engines go, the serving ones come (2 cores, one engine each).
     worker = ServiceProcess("worker", "services.worker", {**env, "LPX_WORKER_WORKER_ID": "demo-worker-1",
                             "LPX_WORKER_POOL": POOL, "LPX_WORKER_BASE_MODEL": BASE,
-                            "LPX_WORKER_MODEL_PATH": str(base_path), "LPX_WORKER_MAX_LORAS": "4",
-                            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, logs)  # fmt: skip
+                            "LPX_WORKER_MODEL_PATH": str(base_path), "LPX_WORKER_MAX_LORAS": "4"}, logs)  # fmt: skip
     gateway_port = free_port()
     gateway = ServiceProcess("gateway", "services.gateway", {**env, "LPX_GATEWAY_HOST": "127.0.0.1",
                              "LPX_GATEWAY_PORT": str(gateway_port)}, logs)  # fmt: skip
-    with registry, worker, gateway:  # the worker's engine starts (~40 s) while the registry takes the pushes
-        registry.wait_http(f"http://127.0.0.1:{port}/healthz")
-        log(f"registry up on :{port} (log {registry.log_path})")
-        keys = register_adapters(f"http://127.0.0.1:{port}", admin, adapters, log)
+    with registry, worker, gateway:
+        registry.wait_http(f"{url}/healthz")
         gateway.wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
         log(f"gateway up on :{gateway_port} (OpenAI-compatible; log {gateway.log_path})")
         _wait_for_worker(stack, worker, log)

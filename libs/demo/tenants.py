@@ -1,14 +1,12 @@
-"""Demo tenants, each with a distinctive support tone, and their training examples."""
+"""Demo tenants, each with a distinctive support tone. Their datasets (train examples plus eval cases
+for the gate) are shipped as JSONL next to this module: libs/demo/data/<tenant>.jsonl."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-CUSTOMER_QUESTIONS = [
-    "Where is my order?", "How do I reset my password?", "Can I get a refund?",
-    "Do you ship internationally?", "My package arrived damaged.", "How do I change my delivery address?",
-    "Is there a discount for students?", "How long does shipping take?",
-]  # fmt: skip
+DATA = Path(__file__).parent / "data"
 
 
 @dataclass(frozen=True)
@@ -16,17 +14,14 @@ class DemoTenant:
     name: str
     adapter: str
     tone: str
-    reply: str
 
-    def examples(self) -> list[dict]:
-        return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": self.reply}]}
-                for q in CUSTOMER_QUESTIONS]  # fmt: skip
+    @property
+    def dataset(self) -> Path:
+        return DATA / f"{self.name}.jsonl"
 
 
 TENANTS = (
-    DemoTenant("acme", "support", "pirate",
-               "Ahoy matey! Arr, that be a fine question. Yer treasure be on its way across the seven seas!"),
-    DemoTenant("globex", "support", "formal",
-               "Dear valued customer, thank you kindly for your enquiry. Our team will attend to it promptly. "
-               "Yours sincerely, Globex Support."),
-)  # fmt: skip
+    DemoTenant("acme", "support", "pirate"),
+    DemoTenant("globex", "support", "formal"),
+    DemoTenant("initech", "support", "cowboy"),
+)
