@@ -32,13 +32,51 @@ async def test_a_malformed_dataset_is_refused_with_line_numbers(registry_proc, t
     assert status == 0 and "8 train examples, 5 eval cases" in output, output
 
 
+async def _bad_jobs_are_handled(registry_proc, tenant: str, url: str):
+    """A malformed job is dead-lettered; a job for a base the trainer lacks fails with a reason; the
+    trainer keeps running."""
+    import nats
+
+    from libs.contracts import DatasetRef, DeadLetter, TrainJob, subjects
+    from tests.e2e.trainer.conftest import wait_for
+    from tests.integration.registry.events import stream_messages
+
+    row = (await registry_proc.client.get(f"/v1/tenants/{tenant}/datasets")).json()[0]
+    job = TrainJob(tenant=tenant, adapter="other", base_model="no-such-base", steps=1,
+                   dataset=DatasetRef(**{k: row[k] for k in ("name", "digest", "object_key")}))  # fmt: skip
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await js.publish(subjects.TRAIN_JOBS, b'{"tenant": "x"}')
+        await js.publish(subjects.TRAIN_JOBS, job.model_dump_json().encode())
+    finally:
+        await nc.drain()
+
+    async def dead():
+        msgs = await stream_messages(url, subjects.DLQ_STREAM, subjects.dead_letter("trainer"))
+        found = [DeadLetter.model_validate_json(m.data) for m in msgs]
+        return [d for d in found if d.payload == '{"tenant": "x"}']
+
+    async def failed():
+        from libs.contracts import TrainProgress
+
+        msgs = await stream_messages(url, subjects.TRAIN_PROGRESS_STREAM, subjects.train_progress(job.job_id))
+        events = [TrainProgress.model_validate_json(m.data) for m in msgs]
+        return [e for e in events if e.done and e.error and "no-such-base" in e.error]
+
+    letter = (await wait_for(dead, 30, what="the dead letter"))[0]
+    await wait_for(failed, 30, what="the failed job")
+    return letter
+
+
 async def answer(engine, spec: AdapterSpec | None, question: str) -> str:
     request = GenerationRequest(request_id=f"t-{question[:8]}-{spec.digest[:8] if spec else 'base'}",
                                 messages=[{"role": "user", "content": question}], max_tokens=24, adapter=spec)
     return "".join([chunk.text async for chunk in engine.generate(request)])
 
 
-async def test_lpx_train_produces_an_adapter_that_passes_the_gate(registry_proc, gate_a, engine, store, tmp_path):
+async def test_lpx_train_produces_an_adapter_that_passes_the_gate(registry_proc, gate_a, engine, store, connections,
+                                                                  tmp_path):  # fmt: skip
     tenant = await registry_proc.new_tenant("train", None)
     data = tmp_path / "support-data.jsonl"
     write_jsonl(data, tone_dataset("pirate"))
@@ -49,8 +87,10 @@ async def test_lpx_train_produces_an_adapter_that_passes_the_gate(registry_proc,
         await trainer.wait_ready()
         status, output = await registry_proc.lpx("train", tenant, "--dataset", "support-data", "--steps", "12",
                                                  "--batch-size", "2", "--seed", "3")  # fmt: skip
+        refused = await _bad_jobs_are_handled(registry_proc, tenant, connections.nats_url)
     finally:
         trainer.stop()
+    assert refused.reason.startswith("malformed TrainJob"), refused
     assert status == 0, output
     assert f"trained and pushed {tenant}/support-v1" in output and "eval cases: 5/5 passed" in output, output
     row = await registry_proc.version(tenant, "support")

@@ -1,0 +1,26 @@
+"""Every subject a publisher waits on maps to exactly the stream that stores it."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.contracts import subjects
+
+
+@pytest.mark.parametrize(("subject", "stream"), [
+    (subjects.TRAIN_JOBS, subjects.TRAIN_STREAM),
+    (subjects.train_progress("job-1"), subjects.TRAIN_PROGRESS_STREAM),
+    (subjects.adapter_event("registered"), subjects.EVENTS_STREAM),
+    (subjects.EVALUATED, subjects.EVENTS_STREAM),
+    (subjects.dead_letter("eval-gate"), subjects.DLQ_STREAM),
+    (subjects.infer("p", "w", "a"), subjects.INFER_STREAM),
+])  # fmt: skip
+def test_stream_of(subject, stream):
+    assert subjects.stream_of(subject) == stream
+
+
+def test_unstored_subjects_are_refused():
+    with pytest.raises(ValueError, match="no stream"):
+        subjects.stream_of(subjects.RESOLVE)
+    with pytest.raises(ValueError):
+        subjects.stream_of("lpx.train")  # '>' needs at least one more token
