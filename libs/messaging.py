@@ -72,6 +72,17 @@ def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | 
                       headers={k: str(v) for k, v in (headers or {}).items()})  # fmt: skip
 
 
+class JetStreamPublisher:
+    """The `publish(message, subject, stream, timeout)` of a FastStream broker, over a plain nats-py
+    JetStream context (for DeadLetterPublisher in services that do not run a FastStream broker)."""
+
+    def __init__(self, js) -> None:
+        self.js = js
+
+    async def publish(self, message: BaseModel, subject: str, stream: str, timeout: float) -> None:
+        await self.js.publish(subject, message.model_dump_json().encode(), stream=stream, timeout=timeout)
+
+
 class DeadLetterPublisher:
     """Publish dead letters of one service on subjects.dead_letter(service) (kept by the DLQ stream).
     Losing a letter is logged, never raised: it must not take the failing handler down with it."""

@@ -35,7 +35,7 @@ from libs.contracts import (
 from libs.contracts.parsing import first_error
 from libs.contracts.reports import CheckResult, EvalReport
 from libs.engine import EngineConfig, create_engine
-from libs.messaging import DeadLetterPublisher, ensure_streams
+from libs.messaging import DeadLetterPublisher, JetStreamPublisher, ensure_streams
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.eval_gate.evaluation import Candidate, Evaluator
@@ -49,15 +49,6 @@ EVALUATE_KINDS = frozenset({AdapterEventKind.REGISTERED, AdapterEventKind.EVAL_R
 AWAITING = frozenset({"pending", "evaluating"})
 RETRY_DELAY_S = 5.0
 
-
-class _NatsPublisher:
-    """DeadLetterPublisher's broker interface over a plain nats-py JetStream context."""
-
-    def __init__(self, js) -> None:
-        self.js = js
-
-    async def publish(self, message, subject: str, stream: str, timeout: float) -> None:
-        await self.js.publish(subject, message.model_dump_json().encode(), stream=stream, timeout=timeout)
 
 
 class EvalGate:
@@ -89,7 +80,7 @@ class EvalGate:
                                      max_reconnect_attempts=-1)  # fmt: skip
         self.js = self.nc.jetstream()
         await ensure_streams(s.connections.nats_url)
-        self.dead_letters = DeadLetterPublisher(_NatsPublisher(self.js), SERVICE)
+        self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await Ledger.open(self.js)
         self.sub = await self._consumer()
         self._loops = [asyncio.create_task(self._pull_loop(), name="eval-pull"),

@@ -30,7 +30,7 @@ from libs.contracts.parsing import first_error
 from libs.datasets import DatasetInvalid, parse_bytes
 from libs.lora.format import adapter_digest
 from libs.lora.train import DEFAULT_TARGETS, LoraRecipe, train_adapter
-from libs.messaging import DeadLetterPublisher, ensure_streams
+from libs.messaging import DeadLetterPublisher, JetStreamPublisher, ensure_streams
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.trainer.metrics import TrainerMetrics
@@ -44,13 +44,6 @@ SERVICE = "trainer"
 class JobFailed(Exception):
     """The job cannot succeed as given (bad dataset, unknown base, refused push): not retried."""
 
-
-class _NatsPublisher:
-    def __init__(self, js) -> None:
-        self.js = js
-
-    async def publish(self, message, subject: str, stream: str, timeout: float) -> None:
-        await self.js.publish(subject, message.model_dump_json().encode(), stream=stream, timeout=timeout)
 
 
 class Trainer:
@@ -72,7 +65,7 @@ class Trainer:
                                      max_reconnect_attempts=-1)  # fmt: skip
         self.js = self.nc.jetstream()
         await ensure_streams(s.connections.nats_url)
-        self.dead_letters = DeadLetterPublisher(_NatsPublisher(self.js), SERVICE)
+        self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await self._ledger()
         config = ConsumerConfig(durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=s.ack_wait_s,
                                 max_deliver=-1, filter_subject=subjects.TRAIN_JOBS)  # fmt: skip
