@@ -107,9 +107,9 @@ async def test_a_redelivered_event_is_not_evaluated_twice(connections, gate_regi
     try:
         js = nc.jetstream()
         # The same event again under another Nats-Msg-Id (JetStream's de-duplication does not catch it).
-        await js.publish(original.subject, original.data, headers={"Nats-Msg-Id": uuid.uuid4().hex})
-        await js.publish(subjects.adapter_event("registered"), b'{"kind": "registered", "tenant": 1}')
-        await js.publish(subjects.adapter_event("registered"), b"not json at all")
+        copy = await js.publish(original.subject, original.data, headers={"Nats-Msg-Id": uuid.uuid4().hex})
+        junk = [copy, await js.publish(subjects.adapter_event("registered"), b'{"kind": "registered", "tenant": 1}'),
+                await js.publish(subjects.adapter_event("registered"), b"not json at all")]
 
         async def letters():
             msgs = await stream_messages(connections.nats_url, subjects.DLQ_STREAM, subjects.dead_letter("eval-gate"))
@@ -118,6 +118,8 @@ async def test_a_redelivered_event_is_not_evaluated_twice(connections, gate_regi
 
         dead = await wait_until(letters, timeout_s=30)
         assert len(dead) == 2 and all(d.reason.startswith("malformed AdapterEvent") for d in dead)
+        for ack in junk:  # the events stream is shared by the session's tests: leave only real events
+            await js.delete_msg(subjects.EVENTS_STREAM, ack.seq)
     finally:
         await nc.drain()
     await asyncio.sleep(2.0)

@@ -37,10 +37,35 @@ async def adapter_events(nats_url: str, tenant: str | None = None) -> list[tuple
     """(Nats-Msg-Id, event) for every stored adapter event, optionally of one tenant, in stream order."""
     found = []
     for msg in await stream_messages(nats_url, subjects.EVENTS_STREAM, subjects.ADAPTER_EVENTS):
-        event = AdapterEvent.model_validate_json(msg.data)
+        try:
+            event = AdapterEvent.model_validate_json(msg.data)
+        except ValueError:
+            continue  # not the registry's: e.g. the malformed events the eval gate's tests publish
         if tenant is None or event.tenant == tenant:
             found.append(((msg.headers or {}).get("Nats-Msg-Id", ""), event))
     return found
+
+
+async def stored_messages(nats_url: str, stream: str, subject: str) -> list:
+    """The messages of `stream` on `subject`, read by sequence without a consumer (a work-queue
+    stream refuses a second consumer that overlaps its trainers' one, and a consumer would take them)."""
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        state = (await js.stream_info(stream)).state
+        found = []
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            try:
+                msg = await js.get_msg(stream, seq)
+            except NotFoundError:
+                continue
+            if msg.subject == subject:
+                found.append(msg)
+        return found
+    finally:
+        await nc.drain()
 
 
 async def msg_id_counts(nats_url: str) -> Counter:

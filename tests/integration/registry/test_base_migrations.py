@@ -9,7 +9,7 @@ import json
 import pytest
 
 from libs.contracts import TrainJob, subjects
-from tests.integration.registry.events import stream_messages, wait_until
+from tests.integration.registry.events import stored_messages, wait_until
 
 pytestmark = pytest.mark.integration
 USER = {"role": "user", "content": "Where is my order?"}
@@ -53,7 +53,7 @@ async def test_plan_start_and_jobs_exactly_once(registry, connections, served):
     assert again.status_code == 409 and again.json()["error"] == "migration_running"
 
     async def queued():
-        msgs = await stream_messages(connections.nats_url, subjects.TRAIN_STREAM, subjects.TRAIN_JOBS)
+        msgs = await stored_messages(connections.nats_url, subjects.TRAIN_STREAM, subjects.TRAIN_JOBS)
         return [m for m in msgs if (m.headers or {}).get("Nats-Msg-Id") == items["mig-one"]["job_id"]]
 
     jobs = await wait_until(queued)
