@@ -51,10 +51,18 @@ async def gate_registry(connections):
 
 @pytest.fixture(scope="package")
 async def gate(connections, engine, base_model_path, tmp_path_factory):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from libs.telemetry import Telemetry
     from services.eval_gate.app import EvalGate
 
     settings = gate_settings(connections, model_path=base_model_path, work_dir=tmp_path_factory.mktemp("gate"))
-    service = EvalGate(settings, engine=engine)
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry("eval-gate", TracerProvider(), MeterProvider(metric_readers=[reader]))
+    service = EvalGate(settings, engine=engine, telemetry=telemetry)
+    service.metric_reader = reader  # tests read the gate's metrics from here
     await service.start()
     yield service
     await service.stop()
@@ -101,3 +109,18 @@ def distinct_copy(src: Path, dest: Path, note: str, base: str | None = None) -> 
         config["base_model_name_or_path"] = base
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return dest
+
+
+def metric_points(reader, name: str) -> dict[tuple, float]:
+    """{sorted attribute items: value} of one metric (sums; histograms give their count)."""
+    found = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != name:
+                    continue
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    found[tuple(sorted(point.attributes.items()))] = value if value is not None else point.count
+    return found

@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from libs.contracts import AdapterEvent, DeadLetter, EvaluationResult, subjects
-from tests.e2e.eval_gate.conftest import distinct_copy, new_tenant, push, wait_for_verdict
+from tests.e2e.eval_gate.conftest import distinct_copy, metric_points, new_tenant, push, wait_for_verdict
 from tests.integration.registry.events import stream_messages, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -129,3 +129,10 @@ async def test_a_redelivered_event_is_not_evaluated_twice(connections, gate_regi
     later = await new_tenant(gate_registry, "after")
     await push(gate_registry, later, "support", tones["pirate"].path)
     assert (await wait_for_verdict(gate_registry, later, "support", 1))["status"] == "active"
+    # Its metrics tell the same story.
+    reader = gate.metric_reader
+    assert metric_points(reader, "lpx_eval_gate_skipped").get((("reason", "duplicate"),), 0) >= 1
+    evaluations = metric_points(reader, "lpx_eval_gate_evaluations")
+    assert evaluations.get((("outcome", "passed"),), 0) >= 2
+    assert metric_points(reader, "lpx_eval_gate_duration_seconds")
+    assert metric_points(reader, "lpx_eval_gate_running") == {(): 0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from libs.lora.train import LoraRecipe, random_adapter
-from tests.e2e.eval_gate.conftest import distinct_copy, new_tenant, push, wait_for_verdict
+from tests.e2e.eval_gate.conftest import distinct_copy, metric_points, new_tenant, push, wait_for_verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +35,10 @@ async def test_tone_adapter_trained_on_its_dataset_passes_and_serves(gate_regist
 
 
 async def test_random_weights_fail_and_stay_inactive(gate_registry, gate, base_model_path, tmp_path):
+    def failures() -> float:
+        return metric_points(gate.metric_reader, "lpx_eval_gate_check_failures").get((("check", "eval"),), 0)
+
+    before = failures()
     tenant = await new_tenant(gate_registry, "rand")
     path = random_adapter(base_model_path, tmp_path / "random", LoraRecipe(seed=4242), scale=0.05)
     await push(gate_registry, tenant, "support", path)  # no dataset named: the tenant's newest eval set
@@ -47,6 +51,8 @@ async def test_random_weights_fail_and_stay_inactive(gate_registry, gate, base_m
                         "regression": "skipped", "parity": "skipped"}  # fmt: skip
     refused = await gate_registry.client.get(f"/v1/resolve/{tenant}/support")
     assert refused.status_code == 409, refused.text
+    assert failures() == before + 1
+    assert metric_points(gate.metric_reader, "lpx_eval_gate_evaluations").get((("outcome", "failed"),), 0) >= 1
 
 
 async def test_an_adapter_trained_on_another_tenants_data_fails(gate_registry, gate, tones):

@@ -95,6 +95,12 @@ async def test_lpx_train_produces_an_adapter_that_passes_the_gate(registry_proc,
     assert f"trained and pushed {tenant}/support-v1" in output and "eval cases: 5/5 passed" in output, output
     row = await registry_proc.version(tenant, "support")
     assert row["status"] == "active" and row["dataset"] == "support-data" and row["number"] == 1
+    status, report = await registry_proc.lpx("adapter", "report", f"{tenant}/support")
+    assert status == 0 and "support-v1" in report and "parity (greedy)" in report, report
+    for check in ("integrity", "structure", "load", "eval", "regression", "parity"):
+        assert check in report
+    status, again = await registry_proc.lpx("adapter", "eval", f"{tenant}/support-v1")
+    assert status == 1 and "push a new version" in again, again
     # It changes the answers as intended: the pirate tone on a question it never saw, the base does not.
     path = store.get_adapter(row["digest"], row["object_key"], tmp_path / "pulled")
     tuned = await answer(engine, AdapterSpec(row["digest"], path), "Do you sell gift cards?")
