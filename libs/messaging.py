@@ -3,8 +3,10 @@ and the dead-letter path for messages that cannot be processed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import nats
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
@@ -100,3 +102,44 @@ class DeadLetterPublisher:
             await self.broker.publish(letter, self.subject, stream=subjects.DLQ_STREAM, timeout=5)
         except Exception:  # noqa: BLE001
             log.exception("could not publish a dead letter for %s", original_subject)
+
+
+async def serve_one_at_a_time(sub, handle: Callable[[object], Awaitable[None]], stopping: asyncio.Event,
+                              retry_delay_s: float) -> None:  # fmt: skip
+    """Pull one message at a time from a durable pull subscription and `handle` it, until `stopping`.
+    An exception in `handle` is a transient failure: the message is NAKed with a delay (redelivered)."""
+    from nats.errors import TimeoutError as NatsTimeout
+
+    while not stopping.is_set():
+        try:
+            msgs = await sub.fetch(batch=1, timeout=1.0)
+        except (TimeoutError, NatsTimeout):
+            continue
+        except Exception:  # noqa: BLE001 - connection blips: back off and keep going
+            log.warning("fetch failed", exc_info=True)
+            await asyncio.sleep(1.0)
+            continue
+        for msg in msgs:
+            try:
+                await handle(msg)
+            except Exception:  # noqa: BLE001 - it comes back after the delay
+                log.exception("handling %s failed; it will be redelivered", msg.subject)
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=retry_delay_s)
+
+
+@contextlib.asynccontextmanager
+async def kept_in_progress(msg, ack_wait_s: float):
+    """While the block runs, tell JetStream every ack_wait/3 that `msg` is still being worked on."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(max(1.0, ack_wait_s / 3))
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()

@@ -20,7 +20,6 @@ import logging
 import time
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
@@ -35,7 +34,13 @@ from libs.contracts import (
 from libs.contracts.parsing import first_error
 from libs.contracts.reports import CheckResult, EvalReport
 from libs.engine import EngineConfig, create_engine
-from libs.messaging import DeadLetterPublisher, JetStreamPublisher, ensure_streams
+from libs.messaging import (
+    DeadLetterPublisher,
+    JetStreamPublisher,
+    ensure_streams,
+    kept_in_progress,
+    serve_one_at_a_time,
+)
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.eval_gate.evaluation import Candidate, Evaluator
@@ -83,7 +88,8 @@ class EvalGate:
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await Ledger.open(self.js)
         self.sub = await self._consumer()
-        self._loops = [asyncio.create_task(self._pull_loop(), name="eval-pull"),
+        self._loops = [asyncio.create_task(serve_one_at_a_time(self.sub, self.handle, self._stopping, RETRY_DELAY_S),
+                                           name="eval-pull"),
                        asyncio.create_task(self._watch_queue(), name="eval-queue")]  # fmt: skip
         log.info("eval gate ready", extra={"gate": s.gate_id, "base_model": s.base_model,
                                            "durable": s.resolved_durable()})  # fmt: skip
@@ -120,24 +126,6 @@ class EvalGate:
         self.telemetry.shutdown()
 
     # --- consuming -------------------------------------------------------------------------------
-    async def _pull_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                msgs = await self.sub.fetch(batch=1, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
-                log.warning("fetch failed", exc_info=True)
-                await asyncio.sleep(1.0)
-                continue
-            for msg in msgs:
-                try:
-                    await self.handle(msg)
-                except Exception:  # noqa: BLE001 - the event comes back after ack_wait
-                    log.exception("event handling failed; it will be redelivered")
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=RETRY_DELAY_S)
-
     async def _watch_queue(self) -> None:
         while True:
             with contextlib.suppress(Exception):
@@ -222,15 +210,15 @@ class EvalGate:
     async def _evaluate_with_keepalive(self, msg, candidate: Candidate, context: EvalContextReply) -> EvalReport:
         label = f"{candidate.tenant}/{candidate.adapter} v{candidate.version}"
         log.info("evaluating %s (sha256 %s, attempt %d)", label, candidate.ref.digest[:12], candidate.attempt)
-        keepalive = asyncio.create_task(self._keep_in_progress(msg))
         self.metrics.running.add(1)
         started = time.monotonic()
         try:
-            report = await asyncio.wait_for(self.evaluator.evaluate(candidate, context), self.settings.eval_timeout_s)
+            async with kept_in_progress(msg, self.settings.ack_wait_s):
+                report = await asyncio.wait_for(self.evaluator.evaluate(candidate, context),
+                                                self.settings.eval_timeout_s)  # fmt: skip
         except TimeoutError:
             report = self._timed_out(candidate, context)
         finally:
-            keepalive.cancel()
             self.metrics.running.add(-1)
         seconds = time.monotonic() - started
         outcome = "passed" if report.passed else "failed"
@@ -251,13 +239,6 @@ class EvalGate:
                           checks=[CheckResult(name="eval", status="failed", detail=reason)],
                           gate={"gate_id": self.settings.gate_id, "attempt": candidate.attempt,
                                 "source_event_id": candidate.source_event_id})  # fmt: skip
-
-    async def _keep_in_progress(self, msg) -> None:
-        interval = max(1.0, self.settings.ack_wait_s / 3)
-        while True:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
 
     async def _publish(self, result: EvaluationResult) -> None:
         await self.js.publish(subjects.EVALUATED, result.model_dump_json().encode(), stream=subjects.EVENTS_STREAM,

@@ -20,7 +20,6 @@ import shutil
 import time
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from pydantic import ValidationError
@@ -30,7 +29,13 @@ from libs.contracts.parsing import first_error
 from libs.datasets import DatasetInvalid, parse_bytes
 from libs.lora.format import adapter_digest
 from libs.lora.train import DEFAULT_TARGETS, LoraRecipe, train_adapter
-from libs.messaging import DeadLetterPublisher, JetStreamPublisher, ensure_streams
+from libs.messaging import (
+    DeadLetterPublisher,
+    JetStreamPublisher,
+    ensure_streams,
+    kept_in_progress,
+    serve_one_at_a_time,
+)
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.trainer.metrics import TrainerMetrics
@@ -71,7 +76,8 @@ class Trainer:
                                 max_deliver=-1, filter_subject=subjects.TRAIN_JOBS)  # fmt: skip
         self.sub = await self.js.pull_subscribe(subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM,
                                                 config=config)  # fmt: skip
-        self._loop_task = asyncio.create_task(self._pull_loop(), name="train-pull")
+        self._loop_task = asyncio.create_task(
+            serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull")
         log.info("trainer ready", extra={"trainer": s.trainer_id})
 
     async def _ledger(self):
@@ -99,24 +105,6 @@ class Trainer:
         self.telemetry.shutdown()
 
     # --- consuming -------------------------------------------------------------------------------
-    async def _pull_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                msgs = await self.sub.fetch(batch=1, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
-                log.warning("fetch failed", exc_info=True)
-                await asyncio.sleep(1.0)
-                continue
-            for msg in msgs:
-                try:
-                    await self.handle(msg)
-                except Exception:  # noqa: BLE001 - transient (registry or S3 down): retried later
-                    log.exception("job handling failed; it will be redelivered")
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=self.settings.retry_delay_s)
-
     async def handle(self, msg) -> None:
         try:
             job = TrainJob.model_validate_json(msg.data)
@@ -130,13 +118,12 @@ class Trainer:
             await self._progress(done)
             await msg.ack()
             return
-        keepalive = asyncio.create_task(self._keep_in_progress(msg))
         self.metrics.running.add(1)
         started = time.monotonic()
         try:
-            final = await self._run(job)
+            async with kept_in_progress(msg, self.settings.ack_wait_s):
+                final = await self._run(job)
         finally:
-            keepalive.cancel()
             self.metrics.running.add(-1)
         self.metrics.jobs.add(1, {"outcome": final.stage.value})
         self.metrics.duration.record(time.monotonic() - started, {"outcome": final.stage.value})
@@ -224,12 +211,6 @@ class Trainer:
         except Exception:  # noqa: BLE001 - progress is informational; the job goes on
             log.warning("could not publish progress for %s", event.job_id)
 
-    async def _keep_in_progress(self, msg) -> None:
-        interval = max(1.0, self.settings.ack_wait_s / 3)
-        while True:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
 
 
 def _complete(directory) -> bool:
