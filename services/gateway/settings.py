@@ -36,6 +36,9 @@ class GatewaySettings(ServiceSettings):
     # the RESULTS stream's max_age, declared with the other streams in libs/contracts/subjects.py.)
     submit_durable: str = "gateway-submit"
     submit_concurrency: int = 256
+    # While the broker is unreachable (restart, leader election) a request's publish is retried with
+    # the same Nats-Msg-Id for this long (never past its deadline), then answered 503.
+    publish_retry_s: float = Field(30.0, ge=0)
     # A worker that drained cleanly handed its backlog to the pool: re-route what is left after this.
     drain_grace_s: float = Field(30.0, ge=0)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.

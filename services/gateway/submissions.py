@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from libs.broker import ConnectionState, publish_retrying
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
 from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
@@ -34,6 +36,8 @@ from services.gateway.errors import GatewayError
 log = logging.getLogger(__name__)
 SERVICE = "gateway"
 ACK_WAIT_S = 30.0
+# How long a result publish is retried (broker away) before the submission is left for redelivery.
+RESULT_PUBLISH_RETRY_S = 120.0
 
 
 def internal_id(request_id: str) -> str:
@@ -50,12 +54,14 @@ class SubmissionConsumer:
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self.duplicates = 0
+        self.fetching = ConnectionState("submission stream")
 
     async def start(self) -> None:
         js = self.gateway.js
         config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S,
                                 max_ack_pending=self.concurrency * 2, filter_subject=subjects.SUBMIT,
                                 max_deliver=-1)  # fmt: skip
+        self.gateway.link.add_consumer(subjects.SUBMIT_STREAM, config)
         self.sub = await js.pull_subscribe(subjects.SUBMIT, durable=self.durable, stream=subjects.SUBMIT_STREAM,
                                            config=config)  # fmt: skip
         self._loop_task = asyncio.create_task(self._loop(), name="submissions")
@@ -75,13 +81,15 @@ class SubmissionConsumer:
             try:
                 msgs = await self.sub.fetch(batch=free, timeout=1.0)
             except (TimeoutError, NatsTimeout):
+                self.fetching.ok()
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
-                log.warning("submission fetch failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+                self.fetching.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            self.fetching.ok()
             for msg in msgs:
                 await self._slots.acquire()
                 task = asyncio.create_task(self._run(msg))
@@ -117,8 +125,9 @@ class SubmissionConsumer:
             with g.tracer.start_as_current_span("gateway.submission", context=extract_context(msg.headers),
                                                 attributes={"lpx.request_id": rid}):  # fmt: skip
                 result = await self._execute(submit)
-            await g.js.publish(subjects.results(rid), result.model_dump_json().encode(),
-                               headers=inject_headers({"Nats-Msg-Id": f"result-{rid}"}))  # fmt: skip
+            await publish_retrying(g.js, subjects.results(rid), result.model_dump_json().encode(),
+                                   headers=inject_headers({"Nats-Msg-Id": f"result-{rid}"}),
+                                   give_up_at=time.time() + RESULT_PUBLISH_RETRY_S)  # fmt: skip
             g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
             await msg.ack()
         finally:

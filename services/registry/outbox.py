@@ -50,21 +50,29 @@ class OutboxRelay:
         # Test seam: called after each successful publish, before the row is marked (crash injection).
         self.after_publish = after_publish
         self._wake = asyncio.Event()
+        self.publish_error: str | None = None  # of the last round, if a publish failed
 
     def wake(self) -> None:
         """Called after a commit that wrote events, so they go out without waiting for the next poll."""
         self._wake.set()
 
     async def run(self) -> None:
+        from libs.broker import ConnectionState
+
+        state = ConnectionState("outbox relay (PostgreSQL or NATS)")
         backoff = self.poll_s
         while True:
             try:
                 published = await self.relay_once()
                 backoff = self.poll_s
+                if self.publish_error:
+                    state.failed(self.publish_error)
+                else:
+                    state.ok()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the relay must outlive database and NATS outages
-                log.warning("outbox relay: %s: %s (retrying in %.1fs)", type(exc).__name__, exc, backoff)
+                state.failed(exc)  # one line per outage, not one per retry
                 published = 0
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -86,13 +94,15 @@ class OutboxRelay:
                      .limit(self.batch).with_for_update(skip_locked=True))  # fmt: skip
             rows = list((await session.exec(query)).all())
             sent = 0
+            self.publish_error = None
             for row in rows:
                 row.attempts += 1
                 try:
                     await self.publish(row.subject, row.payload, row.event_id)
                 except Exception as exc:  # noqa: BLE001 - keep order: stop here, mark what went out
                     row.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                    log.warning("outbox relay: publish of %s failed: %s", row.event_id, row.last_error)
+                    self.publish_error = row.last_error
+                    log.debug("outbox relay: publish of %s failed: %s", row.event_id, row.last_error)
                     break
                 if self.after_publish:
                     self.after_publish(row)

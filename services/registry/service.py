@@ -10,7 +10,8 @@ import logging
 from sqlalchemy import text
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from libs.messaging import ensure_streams, make_broker
+from libs.broker import BrokerLink
+from libs.messaging import make_broker
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver
 from services.registry.bases import seed_catalog
@@ -46,7 +47,6 @@ class RegistryService:
         if self.settings.seed_catalog:
             async with transaction(self.ctx.sessions) as session:
                 await seed_catalog(session)
-        await ensure_streams(conn.nats_url)
         await self._start_broker()
         self.relay = OutboxRelay(self.ctx.sessions, jetstream_publisher(self.broker), self.settings.outbox_poll_s,
                                  self.settings.outbox_batch)  # fmt: skip
@@ -70,14 +70,19 @@ class RegistryService:
 
     async def _start_broker(self) -> None:
         telemetry = self.telemetry
+        # The link reports the broker connection's state changes and re-provisions the streams after a
+        # reconnect (the outbox relay publishes into them).
+        self.link = BrokerLink(self.settings.connections, "registry")
         self.broker = make_broker(self.settings.connections.nats_url, "registry",
                                   tracer_provider=telemetry.tracer_provider if telemetry else None,
-                                  meter_provider=telemetry.meter_provider if telemetry else None)  # fmt: skip
+                                  meter_provider=telemetry.meter_provider if telemetry else None,
+                                  **self.link.callbacks())  # fmt: skip
         dead_letters = DeadLetters(self.broker)
         resolver.register(self.broker, self.ctx, dead_letters)
         eval_events.register(self.broker, self.ctx, dead_letters)
         eval_context.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
+        await self.link.attach(self.broker.config.connection_state.connection)
 
     async def _sweep_periodically(self) -> None:
         while True:

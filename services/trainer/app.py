@@ -19,11 +19,11 @@ import logging
 import shutil
 import time
 
-import nats
 from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 from pydantic import ValidationError
 
+from libs.broker import BrokerLink
 from libs.contracts import TrainJob, TrainProgress, TrainStage, subjects
 from libs.contracts.parsing import first_error
 from libs.datasets import DatasetInvalid, parse_bytes
@@ -32,7 +32,6 @@ from libs.lora.train import DEFAULT_TARGETS, LoraRecipe, train_adapter
 from libs.messaging import (
     DeadLetterPublisher,
     JetStreamPublisher,
-    ensure_streams,
     kept_in_progress,
     serve_one_at_a_time,
 )
@@ -44,6 +43,7 @@ from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 SERVICE = "trainer"
+LEDGER_CONFIG = KeyValueConfig(bucket=subjects.TRAIN_LEDGER_BUCKET, history=1, description="trainer: finished jobs")
 
 
 class JobFailed(Exception):
@@ -66,26 +66,19 @@ class Trainer:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self.nc = await nats.connect(s.connections.nats_url, name=f"lpx-trainer-{s.trainer_id}",
-                                     max_reconnect_attempts=-1)  # fmt: skip
-        self.js = self.nc.jetstream()
-        await ensure_streams(s.connections.nats_url)
+        self.link = BrokerLink(s.connections, f"trainer-{s.trainer_id}", buckets=[LEDGER_CONFIG])
+        self.nc = await self.link.connect()
+        self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
-        self.ledger = await self._ledger()
+        self.ledger = await self.js.key_value(subjects.TRAIN_LEDGER_BUCKET)
         config = ConsumerConfig(durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=s.ack_wait_s,
                                 max_deliver=-1, filter_subject=subjects.TRAIN_JOBS)  # fmt: skip
+        self.link.add_consumer(subjects.TRAIN_STREAM, config)
         self.sub = await self.js.pull_subscribe(subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM,
                                                 config=config)  # fmt: skip
         self._loop_task = asyncio.create_task(
             serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull")
         log.info("trainer ready", extra={"trainer": s.trainer_id})
-
-    async def _ledger(self):
-        try:
-            return await self.js.key_value(subjects.TRAIN_LEDGER_BUCKET)
-        except BucketNotFoundError:
-            return await self.js.create_key_value(KeyValueConfig(bucket=subjects.TRAIN_LEDGER_BUCKET, history=1,
-                                                                 description="trainer: finished jobs"))  # fmt: skip
 
     async def run_until(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -99,8 +92,7 @@ class Trainer:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.nc.drain(), 10)
+        await self.link.close()
         await self.registry.close()
         self.telemetry.shutdown()
 

@@ -13,17 +13,16 @@ import contextlib
 import logging
 import time
 
-import nats
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from libs.broker import BrokerLink, ConnectionState
 from libs.contracts import PrewarmCommand, subjects
 from libs.engine import EngineConfig, create_engine
-from libs.messaging import ensure_streams
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
 from services.worker.disk_cache import DiskCache
-from services.worker.heartbeat import Heartbeater, heartbeat_bucket
+from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
 from services.worker.processor import RequestProcessor
 from services.worker.settings import WorkerSettings
@@ -95,22 +94,23 @@ class Worker:
     async def start(self) -> None:
         s = self.settings
         await self.engine.start()
-        self.nc = await nats.connect(s.connections.nats_url, name=f"lpx-worker-{self.worker_id}",
-                                     max_reconnect_attempts=-1)  # fmt: skip
-        self.js = self.nc.jetstream()
-        await ensure_streams(s.connections.nats_url)
+        self.link = BrokerLink(s.connections, f"worker-{self.worker_id}",
+                               buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)])  # fmt: skip
+        self.nc = await self.link.connect()
+        self.js = self.link.js
         self.processor = RequestProcessor(worker_id=self.worker_id, nc=self.nc, js=self.js, engine=self.engine,
                                           tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s)  # fmt: skip
         self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
                                         f"w-{s.pool}-{self.worker_id}")  # fmt: skip
         self.shared = await self._consumer(subjects.infer_any_filter(s.pool), f"pool-{s.pool}")
-        self.heartbeat = Heartbeater(await heartbeat_bucket(self.js, s.heartbeat_ttl_s), self, s.heartbeat_interval_s)
+        self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)
+        self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
         self.heartbeat.start()
         self._prewarm_sub = await self.nc.subscribe(subjects.prewarm(s.pool), cb=self._on_prewarm)
         await self.prewarm_from_bucket()
-        self._loops = [asyncio.create_task(self._pull_loop(self.own, 0.5), name="pull-own"),
-                       asyncio.create_task(self._pull_loop(self.shared, 0.5), name="pull-pool"),
+        self._loops = [asyncio.create_task(self._pull_loop(self.own, 0.5, "own"), name="pull-own"),
+                       asyncio.create_task(self._pull_loop(self.shared, 0.5, "pool"), name="pull-pool"),
                        asyncio.create_task(self._watch_queue(), name="queue-depth")]  # fmt: skip
         log.info("worker ready", extra={"worker": self.worker_id, "pool": s.pool, "capacity": s.capacity})
 
@@ -118,6 +118,7 @@ class Worker:
         config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait_s,
                                 max_ack_pending=max(64, self.settings.capacity * 4), filter_subject=filter_subject,
                                 max_deliver=-1)  # fmt: skip
+        self.link.add_consumer(subjects.INFER_STREAM, config)
         return await self.js.pull_subscribe(filter_subject, durable=durable, stream=subjects.INFER_STREAM,
                                             config=config)  # fmt: skip
 
@@ -140,8 +141,7 @@ class Worker:
         await _bounded(self.heartbeat.stop(), 10, "heartbeat stop")
         for sub in (self._prewarm_sub, self.own, self.shared):
             await _bounded(sub.unsubscribe(), 5, "unsubscribe")
-        if not await _bounded(self.nc.drain(), 15, "nats drain"):
-            await _bounded(self.nc.close(), 5, "nats close")
+        await _bounded(self.link.close(), 20, "nats close")
         log.info("drained", extra={"worker": self.worker_id, "handed_off": self.handed_off})
 
     async def close(self) -> None:
@@ -149,17 +149,20 @@ class Worker:
         self.telemetry.shutdown()
 
     # --- pulling -------------------------------------------------------------------------------
-    async def _pull_loop(self, sub, timeout_s: float) -> None:
+    async def _pull_loop(self, sub, timeout_s: float, name: str) -> None:
+        state = ConnectionState(f"work queue ({name})")
         while not self._stopping.is_set():
             room = min(16, await self.capacity.wait_for_room())
             try:
                 msgs = await sub.fetch(batch=room, timeout=timeout_s)
             except (TimeoutError, NatsTimeout):
+                state.ok()
                 continue
-            except Exception:  # noqa: BLE001 - connection blips: back off and keep going
-                log.warning("fetch failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+                state.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            state.ok()
             self.capacity.take(len(msgs))
             for msg in msgs:
                 self._spawn(msg)

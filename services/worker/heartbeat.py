@@ -1,4 +1,8 @@
-"""Heartbeats in a JetStream KV bucket whose TTL makes dead workers disappear by themselves."""
+"""Heartbeats in a JetStream KV bucket whose TTL makes dead workers disappear by themselves.
+
+The bucket is memory-stored (a beat every couple of seconds per worker is not worth a disk write),
+so a broker restart loses it: every worker declares it to its BrokerLink, which re-creates it after
+a reconnect, and a beat that finds it missing re-creates it at once."""
 
 from __future__ import annotations
 
@@ -7,26 +11,26 @@ import contextlib
 import logging
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from libs.broker import ConnectionState
 from libs.contracts import WorkerHeartbeat, subjects
+from libs.messaging import ensure_buckets
 
 log = logging.getLogger(__name__)
 
 
-async def heartbeat_bucket(js, ttl_s: float):
-    try:
-        return await js.key_value(subjects.HEARTBEAT_BUCKET)
-    except (BucketNotFoundError, NotFoundError):
-        return await js.create_key_value(KeyValueConfig(bucket=subjects.HEARTBEAT_BUCKET, ttl=ttl_s, history=1,
-                                                        storage=StorageType.MEMORY))  # fmt: skip
+def heartbeat_bucket_config(ttl_s: float) -> KeyValueConfig:
+    return KeyValueConfig(bucket=subjects.HEARTBEAT_BUCKET, ttl=ttl_s, history=1, storage=StorageType.MEMORY)
 
 
 class Heartbeater:
-    def __init__(self, kv, worker, interval_s: float) -> None:
-        self.kv = kv
+    def __init__(self, link, worker, interval_s: float, ttl_s: float) -> None:
+        self.link = link
         self.worker = worker
         self.interval_s = interval_s
+        self.config = heartbeat_bucket_config(ttl_s)
+        self.kv = None
+        self.state = ConnectionState("heartbeats")
         self._task: asyncio.Task | None = None
 
     async def beat(self) -> None:
@@ -34,7 +38,14 @@ class Heartbeater:
         beat = WorkerHeartbeat(worker_id=w.worker_id, pool=w.settings.pool, base_model=w.settings.base_model,
                                max_rank=w.settings.max_lora_rank, capacity=w.settings.capacity,
                                in_flight=w.in_flight, adapters=await w.tiers.resident())  # fmt: skip
-        await self.kv.put(w.worker_id, beat.model_dump_json().encode())
+        if self.kv is None:
+            await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)
+            self.kv = await self.link.js.key_value(subjects.HEARTBEAT_BUCKET)
+        try:
+            await self.kv.put(w.worker_id, beat.model_dump_json().encode())
+        except Exception:
+            self.kv = None  # the bucket may be gone with a broker restart: re-created on the next beat
+            raise
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="heartbeat")
@@ -43,8 +54,9 @@ class Heartbeater:
         while True:
             try:
                 await self.beat()
-            except Exception:  # noqa: BLE001 - a missed beat must not kill the worker
-                log.warning("heartbeat failed", exc_info=True)
+                self.state.ok()
+            except Exception as exc:  # noqa: BLE001 - a missed beat must not kill the worker
+                self.state.failed(exc)
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
@@ -53,4 +65,5 @@ class Heartbeater:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(Exception):
-            await self.kv.delete(self.worker.worker_id)  # leave the pool at once, not after the TTL
+            if self.kv is not None:
+                await self.kv.delete(self.worker.worker_id)  # leave the pool at once, not after the TTL

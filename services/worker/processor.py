@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from libs.broker import publish_retrying
 from libs.contracts import (
     AdapterTier,
     ErrorInfo,
@@ -38,6 +39,12 @@ from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("loraplex.worker")
+# A result is retried at least this long while the broker is away, and until the request's deadline.
+RESULT_RETRY_S = 60.0
+
+
+def _publish_deadline(request: InferenceRequest) -> float:
+    return max(time.time() + RESULT_RETRY_S, request.deadline or 0.0)
 
 
 class RecentIds:
@@ -98,7 +105,7 @@ class RequestProcessor:
                                               attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
                                                           "lpx.tenant": request.tenant_id}):  # fmt: skip
                 result = await self._process(request, msg)
-            await self._publish_result(result)
+            await self._publish_result(result, give_up_at=_publish_deadline(request))
             await msg.ack()
             self.answered.add(rid)
             self.metrics.requests.add(1, {"outcome": "ok" if result.ok else result.error.code})
@@ -179,10 +186,13 @@ class RequestProcessor:
         return InferenceResult(request_id=request.request_id, worker_id=self.worker_id, ok=False,
                                error=ErrorInfo(code=code, message=message), timings=Timings(**timings))  # fmt: skip
 
-    async def _publish_result(self, result: InferenceResult) -> None:
-        # Nats-Msg-Id: a result re-published after a crash between publish and ack is stored once.
-        await self.js.publish(subjects.results(result.request_id), result.model_dump_json().encode(),
-                              headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}))  # fmt: skip
+    async def _publish_result(self, result: InferenceResult, give_up_at: float | None = None) -> None:
+        # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
+        # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
+        # unacknowledged: JetStream redelivers it and the result is published again then.
+        await publish_retrying(self.js, subjects.results(result.request_id), result.model_dump_json().encode(),
+                               headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
+                               give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip
 
     async def _already_answered(self, request_id: str) -> bool:
         try:

@@ -1,0 +1,304 @@
+"""Living with the broker: connecting, losing it, getting it back.
+
+Every service holds one `BrokerLink`. It connects to every NATS node it is given (retrying with
+backoff at start instead of crashing), reconnects for ever, and logs one line per state change
+(lost, reconnected, re-provisioned), never a traceback per attempt. After each reconnect it
+re-provisions, idempotently, what the service needs (streams, KV buckets: a broker restarted
+without its memory-stored buckets, or a fresh cluster, gets them back) and then runs the service's
+own reconnect hooks (e.g. the gateway looks up results it may have missed while away).
+
+`publish_retrying` is the publish side of the same contract: a JetStream publish that fails while
+the broker is away or electing a leader is retried with backoff and the same Nats-Msg-Id, so the
+stream stores it once however many tries it took.
+
+Hand-written around nats-py's own reconnect logic (which does the socket work): nats-py reports
+state through callbacks, and what to do on each is ours. Retries use tenacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import nats
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+from nats.js.api import KeyValueConfig
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from libs.contracts import subjects
+from libs.contracts.subjects import StreamSpec
+from libs.messaging import ProvisioningConflict, ensure_buckets, ensure_streams_on
+from libs.settings import ConnectionSettings
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+# Failures that mean "the broker is away, restarting or electing a leader": worth another try.
+TRANSIENT = (
+    nats_errors.TimeoutError,
+    nats_errors.NoRespondersError,
+    nats_errors.ConnectionReconnectingError,
+    nats_errors.OutboundBufferLimitError,
+    nats_errors.StaleConnectionError,
+    nats_errors.FlushTimeoutError,
+    js_errors.NoStreamResponseError,
+    js_errors.ServiceUnavailableError,
+    js_errors.ServerError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    OSError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that another try after a pause can cure. A stream reported missing counts:
+    right after a broker restart the service's re-provisioning may not have run yet."""
+    if isinstance(exc, js_errors.NotFoundError) and not isinstance(exc, js_errors.KeyValueError):
+        return True
+    if isinstance(exc, js_errors.APIError) and exc.code in (503, 504):
+        return True
+    return isinstance(exc, TRANSIENT)
+
+
+class ConnectionState:
+    """One log line per change of state, however many failures there are in between."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down_since: float | None = None
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def failed(self, exc: BaseException | str) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("%s unavailable: %s", self.what, _describe(exc))
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            log.info("%s back after %.1fs", self.what, time.monotonic() - self.down_since)
+            self.down_since = None
+
+
+def _describe(exc: BaseException | str) -> str:
+    if isinstance(exc, str):
+        return exc
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class BrokerLink:
+    """A NATS connection that survives broker restarts, outages and leader elections."""
+
+    def __init__(
+        self,
+        connections: ConnectionSettings,
+        name: str,
+        *,
+        streams: Sequence[StreamSpec] = subjects.STREAMS,
+        buckets: Sequence[KeyValueConfig] = (),
+        reconnect_wait_s: float = 0.5,
+    ) -> None:
+        self.connections = connections
+        self.name = name
+        self.streams = tuple(streams)
+        self.buckets = list(buckets)
+        self.consumers: list[tuple[str, object]] = []  # (stream, ConsumerConfig) of durable consumers
+        self.reconnect_wait_s = reconnect_wait_s
+        self.nc: nats.NATS | None = None
+        self.js = None
+        self.state = ConnectionState(f"NATS ({name})")
+        self.reconnects = 0
+        self.provisioned = asyncio.Event()
+        self._on_lost: list[Callable[[], None]] = []
+        self._on_back: list[Hook] = []
+        self._back_task: asyncio.Task | None = None
+        self._closing = False
+
+    # --- hooks the service registers -----------------------------------------------------------
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Called (synchronously) when the connection drops."""
+        self._on_lost.append(callback)
+
+    def on_back(self, hook: Hook) -> None:
+        """Awaited after each reconnect, once streams and buckets are provisioned again."""
+        self._on_back.append(hook)
+
+    def add_bucket(self, config: KeyValueConfig) -> None:
+        self.buckets.append(config)
+
+    def add_consumer(self, stream: str, config) -> None:
+        """A durable consumer to re-create after a reconnect if the broker lost it (same config:
+        JetStream treats the create as a no-op when it exists)."""
+        self.consumers.append((stream, config))
+
+    def callbacks(self) -> dict:
+        """nats-py connection options for a client this link does not create itself (the registry's
+        FastStream broker): reconnect for ever and report state here. Then `attach` the connection."""
+        return dict(
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=self.reconnect_wait_s,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            closed_cb=self._on_closed,
+        )
+
+    async def attach(self, nc) -> None:
+        """Adopt a connection made with `callbacks()` and provision what the service needs."""
+        self.nc = nc
+        self.js = nc.jetstream()
+        await self.provision()
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    # --- connecting ----------------------------------------------------------------------------
+    async def connect(self, *, give_up_after_s: float | None = None) -> nats.NATS:
+        """Connect to any of the configured nodes, retrying with backoff (one line per attempt)
+        until it works or `give_up_after_s` passes; then provision streams and buckets."""
+        urls = self.connections.nats_servers
+        stop = stop_after_delay(give_up_after_s) if give_up_after_s is not None else (lambda _state: False)
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_connect_failure),
+            stop=stop,
+            reraise=True,
+            wait=wait_exponential(multiplier=0.5, max=10),
+            before_sleep=self._log_connect_retry,
+        ):
+            with attempt:
+                self.nc = await nats.connect(
+                    servers=urls, name=f"lpx-{self.name}", connect_timeout=3, allow_reconnect=True, **self.callbacks()
+                )
+        self.js = self.nc.jetstream()
+        await self.provision()
+        log.info("connected to NATS", extra={"service": self.name, "url": _netloc(self.nc)})
+        return self.nc
+
+    def _log_connect_retry(self, retry_state) -> None:
+        exc = retry_state.outcome.exception()
+        wait = retry_state.next_action.sleep if retry_state.next_action else 0
+        log.warning(
+            "NATS not reachable at %s (%s); retrying in %.1fs",
+            ",".join(self.connections.nats_servers),
+            _describe(exc),
+            wait,
+        )
+
+    async def provision(self) -> None:
+        """Streams and this service's KV buckets, created or brought to the declared config."""
+        replicas = self.connections.nats_replicas
+        await ensure_streams_on(self.js, self.streams, replicas=replicas)
+        await ensure_buckets(self.js, self.buckets, replicas=replicas)
+        for stream, config in self.consumers:
+            await self.js.add_consumer(stream, config=config)
+        self.provisioned.set()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._back_task:
+            self._back_task.cancel()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 15)
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    # --- nats-py callbacks ---------------------------------------------------------------------
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py reports every failed reconnect attempt here; the state change is what matters.
+        if self.connected:
+            log.debug("NATS client error: %s", _describe(exc))
+        else:
+            self.state.failed(exc)
+
+    async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
+        self.provisioned.clear()
+        self.state.failed("connection lost, reconnecting")
+        for callback in self._on_lost:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - a hook must not break the client's reconnect logic
+                log.exception("on_lost hook failed")
+
+    async def _on_reconnected(self) -> None:
+        self.reconnects += 1
+        self.state.ok()
+        log.info("NATS reconnected", extra={"service": self.name, "url": _netloc(self.nc)})
+        if self._back_task is None or self._back_task.done():
+            self._back_task = asyncio.create_task(self._after_reconnect(), name=f"{self.name}-reprovision")
+
+    async def _on_closed(self) -> None:
+        if not self._closing:
+            log.error("NATS connection closed for good", extra={"service": self.name})
+
+    async def _after_reconnect(self) -> None:
+        """Re-provision (until it works: a cluster may still be electing) and run the hooks."""
+        wait = 0.2
+        while not self._closing:
+            try:
+                await self.provision()
+                break
+            except Exception as exc:  # noqa: BLE001 - retried; a bad config is reported every round
+                if isinstance(exc, ProvisioningConflict):
+                    log.error("%s", exc)
+                else:
+                    log.debug("re-provisioning failed: %s", _describe(exc))
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 5.0)
+        log.info(
+            "re-provisioned streams and buckets",
+            extra={"service": self.name, "buckets": [b.bucket for b in self.buckets]},
+        )
+        for hook in self._on_back:
+            try:
+                await hook()
+            except Exception:  # noqa: BLE001 - one hook failing must not stop the others
+                log.exception("on_back hook failed")
+
+
+def _connect_failure(exc: BaseException) -> bool:
+    return isinstance(exc, nats_errors.NoServersError | nats_errors.TimeoutError | OSError | asyncio.TimeoutError)
+
+
+def _netloc(nc) -> str:
+    url = getattr(nc, "connected_url", None)
+    return url.netloc if url is not None else "?"
+
+
+async def publish_retrying(
+    js,
+    subject: str,
+    payload: bytes,
+    *,
+    headers: dict[str, str],
+    give_up_at: float,
+    stream: str | None = None,
+    attempt_timeout_s: float = 2.0,
+):
+    """A JetStream publish retried with backoff until it is acknowledged or `give_up_at` (a time.time()
+    instant) passes. `headers` must carry the Nats-Msg-Id: every try is the same message to JetStream,
+    so one that was stored although its acknowledgement was lost is not stored twice."""
+    if "Nats-Msg-Id" not in headers:
+        raise ValueError("publish_retrying needs a Nats-Msg-Id header (de-duplication across tries)")
+    budget = max(0.05, give_up_at - time.time())
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_delay(budget),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            timeout = max(0.05, min(attempt_timeout_s, give_up_at - time.time()))
+            return await js.publish(subject, payload, headers=headers, stream=stream, timeout=timeout)
+    raise AssertionError("unreachable")  # pragma: no cover
