@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import nats
 from nats.js.errors import NotFoundError
 
+from libs.broker import TRANSIENT as _TRANSIENT
+from libs.broker import publish_retrying
 from libs.contracts import ChatMessage, InferenceResult, SamplingParams, SubmitRequest, TokenDelta, new_id, subjects
 
 
@@ -33,7 +36,9 @@ class LoraplexClient:
 
     async def connect(self) -> LoraplexClient:
         if self._nc is None:
-            self._nc = await nats.connect(self.nats_url, name="lpx-client", max_reconnect_attempts=-1)
+            servers = [u.strip() for u in self.nats_url.split(",") if u.strip()]  # every node of a cluster
+            self._nc = await nats.connect(servers=servers, name="lpx-client", max_reconnect_attempts=-1,
+                                          reconnect_time_wait=0.5)  # fmt: skip
         self._js = self._nc.jetstream()
         return self
 
@@ -59,8 +64,10 @@ class LoraplexClient:
                      prompt: str | None = None, max_tokens: int = 128, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
                      timeout_s: float | None = None, request_id: str | None = None,
-                     api_key: str | None = None) -> str:  # fmt: skip
-        """Queue one request; returns its request id as soon as JetStream has stored it."""
+                     api_key: str | None = None, publish_retry_s: float = 30.0) -> str:  # fmt: skip
+        """Queue one request; returns its request id as soon as JetStream has stored it. While the broker
+        is away (restart, leader election) the publish is retried for `publish_retry_s` with the same
+        Nats-Msg-Id, so it is stored once however many tries it takes."""
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
@@ -71,8 +78,9 @@ class LoraplexClient:
                                     seed=seed),
             stream=stream, timeout_s=timeout_s,
         )  # fmt: skip
-        await self.js.publish(subjects.SUBMIT, request.model_dump_json().encode(),
-                              headers={"Nats-Msg-Id": request.request_id}, stream=subjects.SUBMIT_STREAM)  # fmt: skip
+        await publish_retrying(self.js, subjects.SUBMIT, request.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": request.request_id}, stream=subjects.SUBMIT_STREAM,
+                               give_up_at=time.time() + publish_retry_s)  # fmt: skip
         return request.request_id
 
     async def stored_result(self, request_id: str) -> InferenceResult | None:
@@ -90,11 +98,22 @@ class LoraplexClient:
             arrived.put_nowait(msg.data)
 
         sub = await self._nc.subscribe(subjects.results(request_id), cb=on_result)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            stored = await self.stored_result(request_id)
-            if stored is not None:
-                return stored
-            return InferenceResult.model_validate_json(await asyncio.wait_for(arrived.get(), timeout))
+            while True:
+                # The stream is asked again every few seconds: a result published while this client
+                # was cut off from the broker never reaches the subscription.
+                with contextlib.suppress(NotFoundError, *_TRANSIENT):
+                    stored = await self.stored_result(request_id)
+                    if stored is not None:
+                        return stored
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"no result for {request_id} within {timeout:.0f}s")
+                with contextlib.suppress(TimeoutError):
+                    data = await asyncio.wait_for(arrived.get(), min(remaining, 3.0))
+                    return InferenceResult.model_validate_json(data)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -24,7 +24,19 @@ def test_infra_has_healthchecks(compose):
     for name in INFRA:
         check = compose["services"][name]["healthcheck"]["test"]
         assert check and check[0] in ("CMD", "CMD-SHELL"), name
-    assert "-js" in compose["services"]["nats"]["command"]
+    assert compose["services"]["nats"]["command"][0] == "-c"
+    for conf in ("single", "cluster-1", "cluster-2", "cluster-3"):
+        assert "jetstream {" in (ROOT / "infra" / "nats" / f"{conf}.conf").read_text()
+    assert "sync_interval: always" in (ROOT / "infra" / "nats" / "single.conf").read_text()
+
+
+def test_cluster_profile_has_three_nodes_routing_to_each_other(compose):
+    services = compose["services"]
+    assert services["nats-2"]["profiles"] == ["cluster"] == services["nats-3"]["profiles"]
+    for i in (1, 2, 3):
+        text = (ROOT / "infra" / "nats" / f"cluster-{i}.conf").read_text()
+        assert f"server_name: lpx-nats-{i}" in text
+        assert all(f"nats-route://{host}:6222" in text for host in ("nats", "nats-2", "nats-3"))
 
 
 def test_app_services_wait_for_healthy_dependencies(compose):
@@ -42,7 +54,8 @@ def test_app_services_wait_for_healthy_dependencies(compose):
 def test_app_services_are_configured_by_env_only(compose):
     for name in APP:
         env = compose["services"][name]["environment"]
-        assert env["LPX_NATS_URL"].startswith("nats://nats:")
+        assert env["LPX_NATS_URL"] == "${LPX_NATS_URL:-nats://nats:4222}"  # the cluster profile lists all three
+        assert env["LPX_NATS_REPLICAS"] == "${LPX_NATS_REPLICAS:-1}"
         assert env["LPX_S3_ENDPOINT"] == "minio:9000"
         assert "postgres:5432" in env["LPX_PG_DSN"]
 

@@ -27,7 +27,7 @@ class FakeJS:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes, dict]] = []
 
-    async def publish(self, subject, data, headers=None):
+    async def publish(self, subject, data, headers=None, stream=None, timeout=None):
         self.published.append((subject, data, headers or {}))
 
 

@@ -67,3 +67,44 @@ async def test_pool_view_reports_workers_that_went_stale_or_vanished():
     del beats["b"]  # its key expires later: not reported twice
     await view.refresh()
     assert gone == [{"b"}] and set(view.live) == {"a"}
+
+
+async def test_a_blind_view_holds_its_workers_and_gives_them_a_window_to_beat_again():
+    """A broker outage is not the death of every worker: while the bucket cannot be read the view
+    keeps whom it knew, and after it can read again each gets one staleness window to beat."""
+    from services.gateway.pool_view import PoolView
+
+    clock = {"now": 100.0}
+    gone: list[set[str]] = []
+    view = PoolView(None, staleness_s=3.0, poll_s=0.5, clock=lambda: clock["now"], on_dead=gone.append)
+    beats = {"a": beat("a", "p", ts=100.0), "b": beat("b", "p", ts=100.0)}
+    failing = {"now": False}
+
+    async def read():
+        if failing["now"]:
+            raise ConnectionError("broker away")
+        return dict(beats)
+
+    view._read = read
+    await view.refresh()
+    failing["now"] = True
+    clock["now"] = 100.5  # the next poll fails: the view goes blind (the poll loop calls blind())
+    with pytest.raises(ConnectionError):
+        await view.refresh()
+    view.blind()
+    clock["now"] = 115.0  # a 15 s outage: every beat is stale by now
+    assert set(view.live) == {"a", "b"}, "held while blind"
+    assert view.select("llama", 16).workers == ("a", "b")
+    # Back: the bucket was lost with the restart and is empty; "a" beats first, "b" never does.
+    failing["now"] = False
+    beats.clear()
+    await view.refresh()
+    assert gone == [] and set(view.live) == {"a", "b"}
+    beats["a"] = beat("a", "p", ts=116.0)
+    clock["now"] = 116.0
+    await view.refresh()
+    assert gone == []
+    clock["now"] = 119.0  # the window (staleness + one poll) is over
+    beats["a"] = beat("a", "p", ts=119.0)
+    await view.refresh()
+    assert gone == [{"b"}] and set(view.live) == {"a"}
