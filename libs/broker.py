@@ -94,6 +94,23 @@ def _describe(exc: BaseException | str) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def quiet_callbacks(what: str) -> dict:
+    """nats-py callbacks for a plain client (e.g. libs.client): one line when the connection is lost,
+    one when it is back, instead of nats-py's default traceback per failed reconnect attempt."""
+    state = ConnectionState(what)
+
+    async def on_error(exc: Exception) -> None:
+        state.failed(exc)
+
+    async def on_disconnected() -> None:
+        state.failed("connection lost, reconnecting")
+
+    async def on_reconnected() -> None:
+        state.ok()
+
+    return dict(error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected)
+
+
 class BrokerLink:
     """A NATS connection that survives broker restarts, outages and leader elections."""
 
@@ -179,6 +196,7 @@ class BrokerLink:
                     servers=urls, name=f"lpx-{self.name}", connect_timeout=3, allow_reconnect=True, **self.callbacks()
                 )
         self.js = self.nc.jetstream()
+        self.state.ok()
         await self.provision()
         log.info("connected to NATS", extra={"service": self.name, "url": _netloc(self.nc)})
         return self.nc
@@ -201,6 +219,10 @@ class BrokerLink:
         for stream, config in self.consumers:
             await self.js.add_consumer(stream, config=config)
         self.provisioned.set()
+
+    def closing(self) -> None:
+        """The service is shutting its connection down: what follows is not an outage."""
+        self._closing = True
 
     async def close(self) -> None:
         self._closing = True

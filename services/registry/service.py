@@ -114,6 +114,7 @@ class RegistryService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.broker is not None:
+            self.link.closing()
             await self.broker.stop()
         if self.ctx is not None:
             await self.ctx.engine.dispose()
