@@ -78,8 +78,8 @@ class Load:
         for i in range(self.async_count):
             model, key = self._who(i)
             rid = f"chaos-{uuid.uuid4().hex[:12]}"
-            await client.submit(model, api_key=key, request_id=rid, max_tokens=self.max_tokens,
-                                messages=[{"role": "user", "content": f"Async question {i}: where is my order?"}])  # fmt: skip
+            question = [{"role": "user", "content": f"Async question {i}: where is my order?"}]
+            await client.submit(model, api_key=key, request_id=rid, max_tokens=self.max_tokens, messages=question)
             self._async.append((model, rid))
         self.report.sync_sent += self.sync_count
         self.report.async_sent += self.async_count
