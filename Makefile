@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: setup venv model up down status demo test test-unit test-integration test-e2e bench lint clean help
+.PHONY: setup venv model up down status demo test test-unit test-integration test-e2e chaos bench lint clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -58,6 +58,9 @@ test-integration: venv
 
 test-e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+chaos: setup  ## chaos drills on real servers + vLLM (broker restarts, cluster node loss): table + bench-results/chaos.json
+	$(PY) -m pytest tests/chaos $(PYTEST_ARGS)
 
 bench: setup  ## benchmarks: tables on screen, JSON + plots in bench-results/
 	$(PY) benchmarks/run_all.py --out bench-results
