@@ -180,7 +180,10 @@ class Stack:
             return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        procs.wait_until(lambda: not procs.is_ours(pid, "nats-server") and not _alive(pid), 10)
+        procs.wait_until(lambda: not _alive(pid), 10)
+        for server in self._servers(state):
+            if server.name == name:
+                server.after_stop()  # e.g. weed's leftover sockets, which would block its restart
         return pid
 
     def servers(self) -> list[Server]:

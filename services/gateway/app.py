@@ -3,6 +3,7 @@ submission consumer) and the FastAPI app factory that serves the OpenAI-compatib
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
+        self.loop = asyncio.get_running_loop()  # for code embedding the gateway in another thread
         self.link = BrokerLink(s.connections, "gateway")
         self.nc = await self.link.connect()
         self.js = self.link.js

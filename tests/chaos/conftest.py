@@ -33,6 +33,8 @@ class Platform:
     registry: object
     gateway: object  # tests.e2e.gateway.conftest.ServedGateway
     workers: list
+    tenant_a: str
+    tenant_b: str
     key_a: str  # tenant A: model "support" -> pirate tone
     key_b: str  # tenant B: model "concierge" -> formal tone
     digest_a: str
@@ -44,6 +46,18 @@ class Platform:
 
     async def kill(self, server: str) -> None:
         await asyncio.to_thread(self.stack.kill_server, server)
+
+    async def on_gateway(self, make_coro):
+        """Run a coroutine of the gateway's on its own event loop (it is served in another thread)."""
+        loop = self.gateway.gateway.loop
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make_coro(), loop))
+
+    async def jetstream(self):
+        """A JetStream context on a connection of the test's own (never the services')."""
+        import nats
+
+        nc = await nats.connect(servers=self.connections.nats_servers)
+        return nc, nc.jetstream()
 
 
 def _new_stack(nats_nodes: int):
@@ -100,7 +114,7 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
         gateway = ServedGateway(gateway_settings(conn, request_timeout_s=90.0, publish_retry_s=30.0))
         gateway.start()
         await gateway.wait_workers(2)
-        platform = Platform(stack, conn, registry, gateway, workers, key_a, key_b, digest_a, digest_b)
+        platform = Platform(stack, conn, registry, gateway, workers, a, b, key_a, key_b, digest_a, digest_b)
         teardown.append(lambda: _stop(platform, registry_cm))
         return platform
 

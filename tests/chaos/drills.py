@@ -26,9 +26,11 @@ class LogCounter(logging.Handler):
             self.tracebacks.append(f"{record.name}: {record.getMessage()}")
 
 
-async def run_drill(platform, name: str, *, breaks: Callable[[], Awaitable[None]],
-                    repairs: Callable[[], Awaitable[None]] | None = None, outage_s: float = 0.0,
+async def run_drill(platform, name: str, *, breaks: Callable[[Load], Awaitable[None]],
+                    repairs: Callable[[Load], Awaitable[None]] | None = None, outage_s: float = 0.0,
                     min_in_flight: int = 3) -> tuple[DrillReport, LogCounter]:  # fmt: skip
+    """`breaks(load)` once requests are in flight, `repairs(load)` after `outage_s` (either may add
+    requests to the load); then the time until a new request is served, and every answer judged."""
     report = DrillReport(drill=name)
     counter = LogCounter()
     logging.getLogger().addHandler(counter)
@@ -43,11 +45,11 @@ async def run_drill(platform, name: str, *, breaks: Callable[[], Awaitable[None]
         await asyncio.sleep(0.5)  # let the workers start generating
         report.notes = f"{len(jobs)} requests in flight at the fault"
         broken_at = time.monotonic()
-        await breaks()
+        await breaks(load)
         if outage_s:
             await asyncio.sleep(outage_s)
         if repairs is not None:
-            await repairs()
+            await repairs(load)
         report.seconds_to_serve_again = await seconds_until_serving(platform, broken_at)
         await load.finish(client)
     finally:

@@ -18,7 +18,11 @@ async def cluster(platform_of):
 
 
 async def _node(platform, role: str) -> str:
-    info = await platform.gateway.gateway.js.stream_info(subjects.INFER_STREAM)
+    nc, js = await platform.jetstream()
+    try:
+        info = await js.stream_info(subjects.INFER_STREAM)
+    finally:
+        await nc.close()
     assert info.config.num_replicas == 3
     leader = info.cluster.leader
     if role == "leader":
@@ -32,7 +36,7 @@ async def _node(platform, role: str) -> str:
 async def test_kill_one_node_loses_nothing(cluster, chaos_report, role):
     node = await _node(cluster, role)
 
-    async def kill() -> None:
+    async def kill(_load) -> None:
         await cluster.kill(node)
 
     report, logs = await run_drill(cluster, f"3-node cluster: SIGKILL the work queue's {role} ({node})", breaks=kill)
