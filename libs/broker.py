@@ -172,7 +172,7 @@ class BrokerLink:
         """Adopt a connection made with `callbacks()` and provision what the service needs."""
         self.nc = nc
         self.js = nc.jetstream()
-        await self.provision()
+        await self._provision_patiently()
 
     @property
     def connected(self) -> bool:
@@ -197,7 +197,7 @@ class BrokerLink:
                 )
         self.js = self.nc.jetstream()
         self.state.ok()
-        await self.provision()
+        await self._provision_patiently()
         log.info("connected to NATS", extra={"service": self.name, "url": _netloc(self.nc)})
         return self.nc
 
@@ -210,6 +210,18 @@ class BrokerLink:
             _describe(exc),
             wait,
         )
+
+    async def _provision_patiently(self, within_s: float = 60.0) -> None:
+        """Provision, retrying what a cluster still electing its leaders answers (a conflicting stream
+        config is not retried: it is raised with its explanation)."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_delay(within_s),
+            wait=wait_exponential(multiplier=0.2, max=3),
+            reraise=True,
+        ):
+            with attempt:
+                await self.provision()
 
     async def provision(self) -> None:
         """Streams and this service's KV buckets, created or brought to the declared config."""

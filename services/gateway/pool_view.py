@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from pydantic import ValidationError
 
 from libs.broker import ConnectionState
@@ -163,17 +163,12 @@ class PoolView:
                 self._kv = await self.js.key_value(subjects.HEARTBEAT_BUCKET)
             except (BucketNotFoundError, NotFoundError):
                 return {}  # no worker has ever started
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return {}
-        except (BucketNotFoundError, NotFoundError) as exc:
-            raise BucketLost("the heartbeat bucket is gone (re-created by the workers' next beats)") from exc
+        keys = await self._keys()
         beats: dict[str, WorkerHeartbeat] = {}
         entries = await asyncio.gather(*(self._kv.get(k) for k in keys), return_exceptions=True)
         for key, entry in zip(keys, entries, strict=True):
             if isinstance(entry, KeyNotFoundError | NotFoundError):
-                continue
+                continue  # deleted by a drain, or expired since the listing
             if isinstance(entry, BaseException):
                 raise entry
             try:
@@ -181,3 +176,14 @@ class PoolView:
             except (ValidationError, TypeError):
                 log.warning("ignoring an unreadable heartbeat under %r", key)
         return beats
+
+    async def _keys(self) -> list[str]:
+        """The bucket's keys from the stream's per-subject counts. Not `KeyValue.keys()`: that creates
+        an ordered consumer per call, which the server keeps for 5 minutes after it is used; polled
+        twice a second it piles up until the stream refuses more consumers."""
+        prefix = f"$KV.{subjects.HEARTBEAT_BUCKET}."
+        try:
+            info = await self.js.stream_info(f"KV_{subjects.HEARTBEAT_BUCKET}", subjects_filter=f"{prefix}>")
+        except (BucketNotFoundError, NotFoundError) as exc:
+            raise BucketLost("the heartbeat bucket is gone (re-created by the workers' next beats)") from exc
+        return sorted(subject.removeprefix(prefix) for subject in (info.state.subjects or {}))
