@@ -16,7 +16,7 @@ import time
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from libs.broker import BrokerLink, ConnectionState
+from libs.broker import BrokerLink, ConnectionState, is_transient
 from libs.contracts import PrewarmCommand, subjects
 from libs.engine import EngineConfig, create_engine
 from libs.objectstore import ObjectStore
@@ -176,8 +176,12 @@ class Worker:
         self.metrics.in_flight.add(1)
         try:
             await self.processor.handle(msg)
-        except Exception:  # noqa: BLE001 - not acked: JetStream redelivers it
-            log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
+        except Exception as exc:  # noqa: BLE001 - not acked: JetStream redelivers it
+            if is_transient(exc):  # the broker is away: expected, no traceback
+                log.warning("request not finished while the broker is unavailable (%s); it will be redelivered",
+                            type(exc).__name__, extra={"subject": msg.subject})  # fmt: skip
+            else:
+                log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
         finally:
             self.metrics.in_flight.add(-1)
             await self.capacity.give_back(1)
