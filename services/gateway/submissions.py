@@ -24,8 +24,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from libs.broker import ConnectionState, publish_retrying
+from libs.broker import ConnectionState, is_transient, publish_retrying
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
 from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
@@ -103,8 +104,12 @@ class SubmissionConsumer:
     async def _run(self, msg) -> None:
         try:
             await self.handle(msg)
-        except Exception:  # noqa: BLE001 - not acked: redelivered after ack_wait
-            log.exception("submission handling failed; it will be redelivered", extra={"subject": msg.subject})
+        except Exception as exc:  # noqa: BLE001 - not acked: redelivered after ack_wait
+            if is_transient(exc):  # the broker is away: expected, no traceback
+                log.warning("submission not finished while the broker is unavailable (%s); it will be redelivered",
+                            type(exc).__name__)  # fmt: skip
+            else:
+                log.exception("submission handling failed; it will be redelivered", extra={"subject": msg.subject})
 
     async def handle(self, msg) -> None:
         g = self.gateway
@@ -171,10 +176,15 @@ class SubmissionConsumer:
         raise GatewayError(502, "the stream ended without a result", "engine_error")
 
     async def _stored(self, subject: str) -> bytes | None:
-        try:
-            return (await self.gateway.js.get_last_msg(subjects.RESULTS_STREAM, subject)).data
-        except NotFoundError:
-            return None
+        # Retried while the broker is away or electing the stream's leader (a timeout is no answer).
+        async for attempt in AsyncRetrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(20),
+                                           wait=wait_exponential(multiplier=0.1, max=2), reraise=True):  # fmt: skip
+            with attempt:
+                try:
+                    return (await self.gateway.js.get_last_msg(subjects.RESULTS_STREAM, subject)).data
+                except NotFoundError:
+                    return None
+        return None  # pragma: no cover - AsyncRetrying returns or raises
 
     async def _keep_in_progress(self, msg) -> None:
         while True:
