@@ -133,7 +133,6 @@ class BrokerLink:
         self.js = None
         self.state = ConnectionState(f"NATS ({name})")
         self.reconnects = 0
-        self.provisioned = asyncio.Event()
         self._on_lost: list[Callable[[], None]] = []
         self._on_back: list[Hook] = []
         self._back_task: asyncio.Task | None = None
@@ -230,7 +229,6 @@ class BrokerLink:
         await ensure_buckets(self.js, self.buckets, replicas=replicas)
         for stream, config in self.consumers:
             await self.js.add_consumer(stream, config=config)
-        self.provisioned.set()
 
     def closing(self) -> None:
         """The service is shutting its connection down: what follows is not an outage."""
@@ -257,7 +255,6 @@ class BrokerLink:
     async def _on_disconnected(self) -> None:
         if self._closing:
             return
-        self.provisioned.clear()
         self.state.failed("connection lost, reconnecting")
         for callback in self._on_lost:
             try:

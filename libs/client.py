@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError
 from libs.broker import TRANSIENT as _TRANSIENT
 from libs.broker import publish_retrying, quiet_callbacks
 from libs.contracts import ChatMessage, InferenceResult, SamplingParams, SubmitRequest, TokenDelta, new_id, subjects
+from libs.settings import nats_servers
 
 
 class LoraplexClient:
@@ -36,9 +37,13 @@ class LoraplexClient:
 
     async def connect(self) -> LoraplexClient:
         if self._nc is None:
-            servers = [u.strip() for u in self.nats_url.split(",") if u.strip()]  # every node of a cluster
-            self._nc = await nats.connect(servers=servers, name="lpx-client", max_reconnect_attempts=-1,
-                                          reconnect_time_wait=0.5, **quiet_callbacks("NATS (lpx client)"))  # fmt: skip
+            self._nc = await nats.connect(
+                servers=nats_servers(self.nats_url),  # every node of a cluster
+                name="lpx-client",
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                **quiet_callbacks("NATS (lpx client)"),
+            )
         self._js = self._nc.jetstream()
         return self
 

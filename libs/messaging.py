@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from libs.contracts import DeadLetter, subjects
 from libs.contracts.subjects import StreamSpec
+from libs.settings import nats_servers
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,7 @@ async def ensure_streams_on(js, specs: Iterable[StreamSpec] = subjects.STREAMS, 
 
 async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1) -> None:
     """`ensure_streams_on` over a short-lived connection of its own (the stack launcher, tools)."""
-    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
-    nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=3)
+    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5, max_reconnect_attempts=3)
     try:
         await ensure_streams_on(nc.jetstream(), specs, replicas=replicas)
     finally:
@@ -115,8 +115,7 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
     middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
-    return NatsBroker(servers, middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
+    return NatsBroker(nats_servers(nats_url), middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
 def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,

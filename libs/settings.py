@@ -36,7 +36,7 @@ class ConnectionSettings(BaseSettings):
 
     @property
     def nats_servers(self) -> list[str]:
-        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+        return nats_servers(self.nats_url)
 
     @classmethod
     def load(cls, env_file: Path | None = None) -> Self:
@@ -59,6 +59,11 @@ class ServiceSettings(BaseSettings):
         path = _existing(env_file or stack_env_file())
         overrides.setdefault("connections", ConnectionSettings(_env_file=path))
         return cls(_env_file=path, **overrides)
+
+
+def nats_servers(nats_url: str) -> list[str]:
+    """The node URLs of an `LPX_NATS_URL` (one URL, or a cluster's, comma-separated)."""
+    return [url.strip() for url in nats_url.split(",") if url.strip()]
 
 
 def _existing(path: Path) -> Path | None:
