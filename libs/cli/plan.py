@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -74,10 +75,42 @@ def _main_table(plan):
         ("cost per adapter-month", f"${cost.cost_per_adapter_month:,.2f}"),
         ("dedicated GPU per tenant", f"{ded.gpus:,} GPUs, ${ded.monthly_cost:,.0f}/month"),
         ("dedicated / pool", f"{ded.cost_ratio_vs_pool:,.1f}x"),
+        *_token_cost_rows(plan),
+        *_upgrade_rows(plan),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _token_cost_rows(plan) -> list[tuple[str, str]]:
+    t = plan.token_cost
+    return [
+        (f"per 1M output tokens, pool ({t.throughput_source} throughput)", f"${t.pool_per_million_output_tokens:,.3f}"),
+        (
+            f"per 1M output tokens, dedicated GPU per tenant ({t.throughput_source})",
+            f"${t.dedicated_per_million_output_tokens:,.3f} ({t.dedicated_over_pool:,.1f}x)",
+        ),
+    ]
+
+
+def _upgrade_rows(plan) -> list[tuple[str, str]]:
+    u, i = plan.upgrade, plan.inputs
+    return [
+        (
+            f"base upgrade: retrain {u.adapters:,} adapters (assumed {u.assumed_gpu_hours_per_adapter:g} GPU-h each)",
+            f"{u.assumed_gpu_hours:,.0f} GPU-h, ${u.assumed_cost:,.0f}",
+        ),
+        (
+            f"base upgrade: retrain (FLOPs: 6 x params x {u.dataset_tokens_per_adapter:,} tokens, "
+            f"{i.training_utilization:.0%} util.)",
+            f"{u.flops_gpu_hours:,.0f} GPU-h, ${u.flops_cost:,.0f} ({u.flops_gpu_hours_per_adapter:.3f} GPU-h each)",
+        ),
+        (
+            f"base upgrade: both pools side by side ({u.training_gpus} training GPUs)",
+            f"{u.side_by_side_hours:,.1f} h -> {u.side_by_side_gpu_hours:,.0f} GPU-h, ${u.side_by_side_cost:,.0f}",
+        ),
+    ]
 
 
 def _variants_table(plans):
@@ -119,6 +152,14 @@ def _variants_table(plans):
         ("GPUs / monthly", lambda p: f"{p.capacity.gpus_needed:,} / ${p.cost.monthly_cost:,.0f}"),
         ("per adapter-month", lambda p: f"${p.cost.cost_per_adapter_month:,.2f}"),
         ("dedicated / pool", lambda p: f"{p.dedicated.cost_ratio_vs_pool:,.1f}x"),
+        ("per 1M output tokens, pool", lambda p: f"${p.token_cost.pool_per_million_output_tokens:,.3f}"),
+        ("per 1M output tokens, dedicated", lambda p: f"${p.token_cost.dedicated_per_million_output_tokens:,.3f}"),
+        (
+            "upgrade: assumed / FLOPs GPU-h",
+            lambda p: f"{p.upgrade.assumed_gpu_hours:,.0f} / {p.upgrade.flops_gpu_hours:,.0f}",
+        ),
+        ("upgrade: FLOPs cost", lambda p: f"${p.upgrade.flops_cost:,.0f}"),
+        ("upgrade: side by side", lambda p: f"{p.upgrade.side_by_side_gpu_hours:,.0f} GPU-h"),
     ]
     for name, cell in rows:
         table.add_row(name, *(cell(plan) for plan in plans))
@@ -137,7 +178,9 @@ def plan_command(
     output_tokens: int = typer.Option(300, min=1, help="Output tokens per request."),
     tok_s_per_gpu: float = typer.Option(5000.0, min=0.0, help="Output tokens/s per GPU at SLO, LoRA overhead in."),
     target_utilization: float = typer.Option(0.75, min=0.01, max=1.0, help="Headroom: keep GPUs at most this busy."),
-    price: float = typer.Option(2.50, "--price-per-gpu-hour", min=0.0, help="GPU price per hour (USD)."),
+    price: float = typer.Option(
+        2.50, "--gpu-hour-usd", "--price-per-gpu-hour", min=0.0, help="GPU price per hour (USD)."
+    ),
     hot_per_gpu: int = typer.Option(100, "--hot-per-gpu", min=1, help="Hot adapters kept in GPU slots per GPU."),
     gpu_memory_gb: float = typer.Option(80.0, help="GPU memory, GB."),
     host_to_gpu_gb_s: float = typer.Option(25.0, help="Host RAM -> GPU copy bandwidth, GB/s."),
@@ -146,16 +189,39 @@ def plan_command(
     nvme_gb_s: float = typer.Option(7.0, help="Local NVMe read bandwidth, GB/s."),
     host_ram_gb: float = typer.Option(256.0, help="Host RAM per worker for the adapter cache, GB."),
     nvme_gb: float = typer.Option(3840.0, help="Local NVMe per worker for the adapter disk tier, GB."),
+    hours_per_adapter: float = typer.Option(
+        0.5, min=0.0, help="Base upgrade, assumed figure: GPU-hours to retrain one adapter."
+    ),
+    dataset_tokens: int = typer.Option(
+        2_000_000, min=1, help="Base upgrade, FLOPs figure: tokens trained per adapter (epochs included)."
+    ),
+    training_utilization: float = typer.Option(
+        0.35, min=0.01, max=1.0, help="Base upgrade, FLOPs figure: model FLOPs utilisation of training."
+    ),
+    training_gpus: int = typer.Option(8, min=1, help="GPUs retraining at once (how long both base pools run)."),
+    measured_bench: Path = typer.Option(
+        None,
+        exists=True,
+        dir_okay=False,
+        help="Use the measured mixed-adapter tok/s of `make bench` (bench-results/worker.json) instead of "
+        "--tok-s-per-gpu; figures are then labelled measured.",
+    ),
     variants: bool = typer.Option(True, help="Also answer the variants (rank 64; 20,000 adapters; attention r8)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Size a LoRA pool: adapter bytes from tensor shapes, memory per tier, load times, GPUs, monthly cost,
-    and the dedicated-GPU-per-tenant comparison."""
+    cost per 1M output tokens, the dedicated-GPU-per-tenant comparison, and the budget of a base-model
+    upgrade (retraining every adapter: an assumed and a FLOPs-derived figure, and both pools side by side)."""
     from rich.console import Console
 
     from libs.planner import PlanInputs, make_plan, make_variants
+    from libs.planner.inputs import measured_tok_s_per_gpu
 
     try:
+        source = "assumed"
+        if measured_bench is not None:
+            tok_s_per_gpu = measured_tok_s_per_gpu(measured_bench)
+            source = f"measured: {measured_bench.name}"
         inputs = PlanInputs(
             base=base,
             rank=rank,
@@ -177,6 +243,11 @@ def plan_command(
             nvme_gb_s=nvme_gb_s,
             host_ram_gb=host_ram_gb,
             nvme_gb=nvme_gb,
+            assumed_gpu_hours_per_adapter=hours_per_adapter,
+            dataset_tokens=dataset_tokens,
+            training_utilization=training_utilization,
+            training_gpus=training_gpus,
+            throughput_source=source,
         )
         plan = make_plan(inputs)
         others = make_variants(inputs) if variants else []

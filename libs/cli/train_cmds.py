@@ -15,14 +15,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from libs.cli.registry_cmds import _call, _fail, err, out
+from libs.planner.training import GPU_UTILISATION, JOB_OVERHEAD_S, training_gpu_hours
 
 migrate_app = typer.Typer(help="Base-model migrations: retrain every adapter on a new base.", no_args_is_help=True)
 
-# Training cost model for `migrate plan` (estimates, printed with their assumptions).
+# Training cost model for `migrate plan` (libs/planner/training.py; printed with its assumptions).
 TOKENS_PER_EXAMPLE = 256  # the trainer's max_length
-GPU_PEAK_FLOPS = 989e12  # H100 dense BF16
-GPU_UTILISATION = 0.35
-JOB_OVERHEAD_S = 60.0  # load the base, save and push, per adapter
 PRICE_PER_GPU_HOUR = 2.50  # the brief's illustrative H100 price
 
 
@@ -100,11 +98,9 @@ async def _submit_and_follow(job):
 # --- migrations ----------------------------------------------------------------------------------
 def _estimate(plan: dict, base_spec: dict, steps: int, batch_size: int = 4) -> tuple[float, float]:
     """(GPU-hours, cost): 6 x params x tokens FLOPs per adapter at a utilisation, plus per-job overhead."""
-    params = base_spec["params"]
-    flops = 6 * params * steps * batch_size * TOKENS_PER_EXAMPLE
-    per_job_s = flops / (GPU_PEAK_FLOPS * GPU_UTILISATION) + JOB_OVERHEAD_S
+    per_job = training_gpu_hours(base_spec["params"], steps * batch_size * TOKENS_PER_EXAMPLE)
     jobs = sum(1 for i in plan["items"] if i["dataset"])
-    hours = jobs * per_job_s / 3600
+    hours = jobs * per_job
     return hours, hours * PRICE_PER_GPU_HOUR
 
 

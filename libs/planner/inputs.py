@@ -8,6 +8,7 @@ from pathlib import Path
 
 from libs.lora.sizing import resolve_targets
 from libs.models.catalog import CATALOG, LLAMA_31_8B, BaseModelSpec
+from libs.planner.training import GPU_PEAK_FLOPS, GPU_UTILISATION, JOB_OVERHEAD_S
 
 HOURS_PER_YEAR = 365 * 24
 MONTHS_PER_YEAR = 12
@@ -41,6 +42,16 @@ class PlanInputs:
     host_ram_gb: float = 256.0  # host RAM per worker set aside for the adapter cache
     nvme_gb: float = 3840.0  # local NVMe per worker for the adapter disk tier
     tied_embeddings: bool | None = None  # None: untied unless the config says tie_word_embeddings
+    # Base-model upgrade: retrain every adapter. Two estimates side by side: an assumed GPU-hours per
+    # adapter, and the FLOPs model (6 x base params x tokens trained per adapter, at a utilisation).
+    assumed_gpu_hours_per_adapter: float = 0.5
+    dataset_tokens: int = 2_000_000  # tokens trained per adapter, epochs included
+    training_utilization: float = GPU_UTILISATION
+    gpu_peak_flops: float = GPU_PEAK_FLOPS
+    job_overhead_s: float = JOB_OVERHEAD_S
+    training_gpus: int = 8  # GPUs retraining at once: sets how long both base pools run side by side
+    # Where tok_s_per_gpu comes from: "assumed" (an input) or "measured: <benchmark file>".
+    throughput_source: str = "assumed"
     # Variants the planner answers alongside the main plan.
     variant_large_rank: int = 64
     variant_many_adapters: int = 20_000
@@ -60,12 +71,19 @@ class PlanInputs:
             "host_to_gpu_gb_s": self.host_to_gpu_gb_s,
             "nvme_gb_s": self.nvme_gb_s,
             "host_ram_gb": self.host_ram_gb,
+            "dataset_tokens": self.dataset_tokens,
+            "gpu_peak_flops": self.gpu_peak_flops,
+            "training_gpus": self.training_gpus,
         }
         bad = [name for name, value in positive.items() if value <= 0]
         if bad:
             raise ValueError(f"must be > 0: {', '.join(bad)}")
         if not 0 < self.target_utilization <= 1:
             raise ValueError("target_utilization must be in (0, 1]")
+        if not 0 < self.training_utilization <= 1:
+            raise ValueError("training_utilization must be in (0, 1]")
+        if self.assumed_gpu_hours_per_adapter < 0 or self.job_overhead_s < 0:
+            raise ValueError("assumed_gpu_hours_per_adapter and job_overhead_s must be >= 0")
         if self.object_store_fetch_s_min > self.object_store_fetch_s_max:
             raise ValueError("object_store_fetch_s_min must be <= object_store_fetch_s_max")
         resolve_targets(self.targets)
@@ -96,3 +114,17 @@ def load_base(base: str) -> tuple[BaseModelSpec, bool]:
     return BaseModelSpec.from_hf_config(config, name=path.parent.name or path.stem), bool(
         config.get("tie_word_embeddings", False)
     )
+
+
+def measured_tok_s_per_gpu(path: Path) -> float:
+    """Output tok/s of one worker with adapters mixed in the batch, from `make bench`'s worker.json
+    (throughput.mixed_adapters.tok_per_s): the measured replacement of the assumed tok_s_per_gpu."""
+    try:
+        report = json.loads(Path(path).read_text())
+        value = float(report["throughput"]["mixed_adapters"]["tok_per_s"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a worker benchmark report with throughput.mixed_adapters.tok_per_s "
+                         f"({type(exc).__name__}: {exc})") from exc
+    if value <= 0:
+        raise ValueError(f"{path}: measured throughput must be > 0, got {value}")
+    return value

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from libs.lora.sizing import LoraSize, base_model_params, dtype_bytes, lora_size
 from libs.planner.inputs import GB, PlanInputs, load_base
+from libs.planner.training import training_flops, training_gpu_hours
 from libs.simulator.zipf import popularity, solve_zipf_exponent
 
 
@@ -74,6 +75,38 @@ class Dedicated:
 
 
 @dataclass(frozen=True)
+class UpgradeBudget:
+    """Retraining every adapter when the base model changes, two ways, plus both pools side by side."""
+
+    adapters: int
+    assumed_gpu_hours_per_adapter: float
+    assumed_gpu_hours: float
+    assumed_cost: float
+    base_params: int
+    dataset_tokens_per_adapter: int
+    flops_per_adapter: float
+    flops_gpu_hours_per_adapter: float
+    flops_gpu_hours: float
+    flops_cost: float
+    training_gpus: int
+    # The FLOPs figure spread over the training GPUs: how long the old and new base pools both run.
+    side_by_side_hours: float
+    side_by_side_gpu_hours: float  # the second (new-base) pool, at full size, for that period
+    side_by_side_cost: float
+    assumptions: str
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """What one million output tokens cost, pooled and with a dedicated GPU per tenant."""
+
+    throughput_source: str  # "assumed" or "measured: <file>"
+    pool_per_million_output_tokens: float
+    dedicated_per_million_output_tokens: float
+    dedicated_over_pool: float
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     inputs: PlanInputs
@@ -83,6 +116,8 @@ class Plan:
     capacity: Capacity
     cost: Cost
     dedicated: Dedicated
+    upgrade: UpgradeBudget
+    token_cost: TokenCost
 
     def to_dict(self) -> dict:
         return {
@@ -94,6 +129,8 @@ class Plan:
             "capacity": asdict(self.capacity),
             "cost": asdict(self.cost),
             "dedicated": asdict(self.dedicated),
+            "upgrade": asdict(self.upgrade),
+            "token_cost": asdict(self.token_cost),
         }
 
 
@@ -160,13 +197,63 @@ def _dedicated(
     )
 
 
+def _upgrade(inputs: PlanInputs, base_params: int, pool_gpus: int) -> UpgradeBudget:
+    price, n = inputs.price_per_gpu_hour, inputs.adapters
+    assumed = n * inputs.assumed_gpu_hours_per_adapter
+    flops = training_flops(base_params, inputs.dataset_tokens)
+    per_adapter = training_gpu_hours(
+        base_params,
+        inputs.dataset_tokens,
+        peak_flops=inputs.gpu_peak_flops,
+        utilisation=inputs.training_utilization,
+        overhead_s=inputs.job_overhead_s,
+    )
+    derived = n * per_adapter
+    period = derived / inputs.training_gpus
+    return UpgradeBudget(
+        adapters=n,
+        assumed_gpu_hours_per_adapter=inputs.assumed_gpu_hours_per_adapter,
+        assumed_gpu_hours=assumed,
+        assumed_cost=assumed * price,
+        base_params=base_params,
+        dataset_tokens_per_adapter=inputs.dataset_tokens,
+        flops_per_adapter=flops,
+        flops_gpu_hours_per_adapter=per_adapter,
+        flops_gpu_hours=derived,
+        flops_cost=derived * price,
+        training_gpus=inputs.training_gpus,
+        side_by_side_hours=period,
+        side_by_side_gpu_hours=period * pool_gpus,
+        side_by_side_cost=period * pool_gpus * price,
+        assumptions=(
+            f"assumed: {inputs.assumed_gpu_hours_per_adapter:g} GPU-h per adapter; FLOPs: 6 x {base_params:,} params x "
+            f"{inputs.dataset_tokens:,} tokens at {inputs.training_utilization:.0%} of "
+            f"{inputs.gpu_peak_flops / 1e12:,.0f} TFLOP/s + {inputs.job_overhead_s:g} s per job; side by side: "
+            f"the FLOPs figure on {inputs.training_gpus} training GPUs while a second {pool_gpus}-GPU pool runs"
+        ),
+    )
+
+
+def _token_cost(inputs: PlanInputs, output_tok_s: float, pool_gpus: int, dedicated_gpus: int) -> TokenCost:
+    tokens_per_hour_millions = output_tok_s * 3600 / 1e6
+    pool = pool_gpus * inputs.price_per_gpu_hour / tokens_per_hour_millions
+    dedicated = dedicated_gpus * inputs.price_per_gpu_hour / tokens_per_hour_millions
+    return TokenCost(
+        throughput_source=inputs.throughput_source,
+        pool_per_million_output_tokens=pool,
+        dedicated_per_million_output_tokens=dedicated,
+        dedicated_over_pool=dedicated / pool,
+    )
+
+
 def make_plan(inputs: PlanInputs | None = None, name: str = "reference") -> Plan:
     inputs = inputs or PlanInputs()
     spec, tied = load_base(inputs.base)
     if inputs.tied_embeddings is not None:
         tied = inputs.tied_embeddings
     adapter = lora_size(spec, inputs.rank, inputs.targets, inputs.dtype)
-    base_weights = base_model_params(spec, tied_embeddings=tied) * dtype_bytes(spec.dtype)
+    base_params = base_model_params(spec, tied_embeddings=tied)
+    base_weights = base_params * dtype_bytes(spec.dtype)
 
     output_tok_s = inputs.requests_per_s * inputs.output_tokens
     gpus = gpus_needed(output_tok_s, inputs.tok_s_per_gpu, inputs.target_utilization)
@@ -189,6 +276,7 @@ def make_plan(inputs: PlanInputs | None = None, name: str = "reference") -> Plan
         cost_per_adapter_month=monthly / inputs.adapters,
         cost_per_million_requests=gpus * inputs.price_per_gpu_hour / (inputs.requests_per_s * 3600) * 1e6,
     )
+    dedicated = _dedicated(inputs, shares, output_tok_s, monthly)
     return Plan(
         name=name,
         inputs=inputs,
@@ -197,7 +285,9 @@ def make_plan(inputs: PlanInputs | None = None, name: str = "reference") -> Plan
         load_times=_load_times(inputs, adapter),
         capacity=capacity,
         cost=cost,
-        dedicated=_dedicated(inputs, shares, output_tok_s, monthly),
+        dedicated=dedicated,
+        upgrade=_upgrade(inputs, base_params, gpus),
+        token_cost=_token_cost(inputs, output_tok_s, gpus, dedicated.gpus),
     )
 
 

@@ -170,3 +170,78 @@ def test_plan_command_renders_tables_and_rejects_bad_input():
     assert result.exit_code == 0, result.output
     assert "83,886,080" in result.output
     assert runner.invoke(_cli(), ["plan", "--targets", "bogus"]).exit_code != 0
+
+
+# --- base-model upgrade budget and cost per token (by hand from the inputs) ----------------------
+PARAMS_8B = LAYERS * (2 * H * H + 2 * H * KV + 3 * H * MLP + 2 * H) + 2 * VOCAB * H + H
+GPUS = math.ceil(RPS * TOKENS / TOK_S / UTIL)  # 40
+
+
+def test_upgrade_budget_assumed_and_from_flops(reference):
+    u = reference.upgrade
+    assert u.assumed_gpu_hours == ADAPTERS * 0.5 == 1000  # the brief: 2,000 adapters x 0.5 GPU-h
+    assert u.assumed_cost == 1000 * PRICE == 2500
+    assert u.base_params == PARAMS_8B
+    per_adapter_h = (6 * PARAMS_8B * 2_000_000 / (989e12 * 0.35) + 60) / 3600
+    assert u.flops_per_adapter == 6 * PARAMS_8B * 2_000_000
+    assert u.flops_gpu_hours_per_adapter == pytest.approx(per_adapter_h)
+    assert u.flops_gpu_hours == pytest.approx(ADAPTERS * per_adapter_h)
+    assert u.flops_cost == pytest.approx(ADAPTERS * per_adapter_h * PRICE)
+    period_h = ADAPTERS * per_adapter_h / 8  # on the 8 training GPUs
+    assert u.side_by_side_hours == pytest.approx(period_h)
+    assert u.side_by_side_gpu_hours == pytest.approx(period_h * GPUS)
+    assert u.side_by_side_cost == pytest.approx(period_h * GPUS * PRICE)
+    assert "0.5 GPU-h per adapter" in u.assumptions and "35% of 989 TFLOP/s" in u.assumptions
+
+
+def test_upgrade_budget_follows_its_inputs():
+    plan = make_plan(PlanInputs(adapters=500, dataset_tokens=10_000_000, price_per_gpu_hour=4.0,
+                                training_gpus=2, assumed_gpu_hours_per_adapter=1.0))  # fmt: skip
+    per_adapter_h = (6 * PARAMS_8B * 10_000_000 / (989e12 * 0.35) + 60) / 3600
+    assert plan.upgrade.assumed_cost == 500 * 1.0 * 4.0
+    assert plan.upgrade.flops_cost == pytest.approx(500 * per_adapter_h * 4.0)
+    assert plan.upgrade.side_by_side_hours == pytest.approx(500 * per_adapter_h / 2)
+
+
+def test_cost_per_million_output_tokens_pool_and_dedicated(reference):
+    t = reference.token_cost
+    million_tokens_per_hour = RPS * TOKENS * 3600 / 1e6  # 540
+    assert t.throughput_source == "assumed"
+    assert t.pool_per_million_output_tokens == pytest.approx(GPUS * PRICE / million_tokens_per_hour)  # $0.185
+    assert t.dedicated_per_million_output_tokens == pytest.approx(
+        reference.dedicated.gpus * PRICE / million_tokens_per_hour)  # fmt: skip
+    assert t.dedicated_over_pool == pytest.approx(reference.dedicated.gpus / GPUS)
+
+
+def test_variants_carry_the_new_figures(variants):
+    many = variants["20,000 adapters + NVMe tier"]
+    assert many.upgrade.assumed_gpu_hours == 20_000 * 0.5
+    small = variants["20,000 adapters, attention-only rank 8"]
+    # Retraining cost comes from the base model, not the adapter: same FLOPs per adapter.
+    assert small.upgrade.flops_gpu_hours == pytest.approx(many.upgrade.flops_gpu_hours)
+    assert variants["rank 64"].token_cost.pool_per_million_output_tokens > 0
+
+
+def test_measured_throughput_from_the_worker_benchmark(tmp_path):
+    report = tmp_path / "worker.json"
+    report.write_text(json.dumps({"throughput": {"mixed_adapters": {"tok_per_s": 2500.0}}}))
+    result = CliRunner().invoke(_cli(), ["plan", "--json", "--no-variants", "--measured-bench", str(report)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)["plan"]
+    gpus = math.ceil(RPS * TOKENS / 2500 / UTIL)  # 80 GPUs at the measured rate
+    assert plan["capacity"]["gpus_needed"] == gpus
+    assert plan["token_cost"]["throughput_source"] == "measured: worker.json"
+    assert plan["token_cost"]["pool_per_million_output_tokens"] == pytest.approx(gpus * PRICE / 540)
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    refused = CliRunner().invoke(_cli(), ["plan", "--measured-bench", str(bad)])
+    assert refused.exit_code != 0 and "throughput.mixed_adapters.tok_per_s" in refused.output
+
+
+def test_upgrade_flags_change_the_json():
+    result = CliRunner().invoke(_cli(), ["plan", "--json", "--no-variants", "--adapters", "500",
+                                         "--gpu-hour-usd", "3", "--dataset-tokens", "1000000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    u = json.loads(result.output)["plan"]["upgrade"]
+    assert u["assumed_cost"] == 500 * 0.5 * 3
+    assert u["dataset_tokens_per_adapter"] == 1_000_000
