@@ -219,7 +219,7 @@ def report(results: dict, args) -> dict:
     mixes = {}
     for mix_name, runs in results.items():
         a = [runs["vllm serve #1"], runs["vllm serve #2"]]
-        b = runs["loraplex"]
+        b = runs["loraplex #1"]
 
         def ratio(key: str, a=a, b=b) -> float:
             return b[key] / statistics.mean(r[key] for r in a)
@@ -271,7 +271,7 @@ def _plot(rep: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     panels = (("tok_per_s", "tok/s"), ("latency_p50_s", "p50 latency (s)"), ("ttft_p50_s", "TTFT p50 (s)"))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        for j, run_name in enumerate(("vllm serve #1", "loraplex", "vllm serve #2")):
+        for j, run_name in enumerate(("vllm serve #1", "loraplex #1", "vllm serve #2")):
             ax.bar([i + (j - 1) * 0.27 for i in range(len(names))],
                    [rep["mixes"][n]["runs"][run_name][key] for n in names], 0.27, label=run_name)  # fmt: skip
         ax.set_xticks(range(len(names)), [n.split(" (")[0] for n in names], fontsize=8)
