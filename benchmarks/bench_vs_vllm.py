@@ -1,10 +1,11 @@
 """loraplex beside vLLM's own OpenAI server, the choice of a team that does not adopt a platform.
 
-One run, same machine, same engine settings (SmolLM2-135M, float32 on CPU / bf16 on GPU, enforce-eager,
-max_loras 2, max_cpu_loras 8, max_lora_rank 16), same request sets, alternating A B A:
+One run, same machine (each peer alone on it during its run), same engine settings (SmolLM2-135M,
+float32 on CPU / bf16 on GPU, enforce-eager, max_loras 2, max_cpu_loras 8, max_lora_rank 16), same
+request sets, alternating A B A:
   A = `vllm serve --enable-lora --lora-modules a0=... a5=...` (a process of its own)
-  B = loraplex: the gateway process -> NATS -> a worker (one vLLM engine) on the same adapters, pushed
-      through the registry under the same names.
+  B = loraplex: the gateway process -> NATS -> a worker process (one vLLM engine) on the same adapters,
+      pushed through the registry under the same names.
 Three mixes: one adapter; a working set within max_loras (2 adapters); a working set 3x max_loras
 (6 adapters) with the base model mixed in. Every request is streamed (TTFT), greedy.
 Printed: throughput, p50/p95 latency and TTFT p50 per run, loraplex/vllm ratios, and whether the
@@ -31,7 +32,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 
 from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
-from libs.engine import EngineConfig, create_engine  # noqa: E402
 from libs.models.bootstrap import fetch  # noqa: E402
 from libs.settings import ConnectionSettings  # noqa: E402
 from libs.stack import Stack, StackConfig  # noqa: E402
@@ -154,10 +154,32 @@ async def run(url: str, key: str, mix: list[str], args) -> dict:
             "ttft_p50_s": statistics.median(s["ttft_s"] for s in samples), "samples": list(samples)}  # fmt: skip
 
 
-async def main_async(args) -> dict:
-    from services.worker.app import Worker
-    from services.worker.settings import WorkerSettings
+def start_worker(env_file: Path, base: Path, state: Path) -> subprocess.Popen:
+    """loraplex's worker as its own process (one vLLM engine), as deployed."""
+    env = {**os.environ, "LPX_ENV_FILE": str(env_file), "LPX_WORKER_WORKER_ID": "bench-vs", "LPX_WORKER_POOL": POOL,
+           "LPX_WORKER_BASE_MODEL": BASE, "LPX_WORKER_MODEL_PATH": str(base), "LPX_WORKER_CAPACITY": "32",
+           "LPX_WORKER_MAX_LORAS": str(MAX_LORAS), "LPX_WORKER_MAX_CPU_LORAS": str(MAX_CPU_LORAS),
+           "LPX_WORKER_DISK_CACHE_DIR": str(state / "disk-cache"), "LPX_WORKER_LOG_LEVEL": "WARNING",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+    with open(state / "worker.log", "a") as log:
+        return subprocess.Popen([sys.executable, "-m", "services.worker"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
+
+def stop(proc: subprocess.Popen | None, timeout_s: float = 120) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()  # the worker drains; vllm's server shuts its engine down
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+
+
+async def main_async(args) -> dict:
+    """Each peer runs ALONE: its engine is started for its run and stopped after it, so the two never
+    share the machine's cores (on 2 cores an idle second engine halves the other's throughput)."""
     base = fetch(BASE).path
     state = Path(tempfile.mkdtemp(prefix="lpx-bench-vs-vllm-"))
     os.chmod(state, 0o755)
@@ -166,53 +188,61 @@ async def main_async(args) -> dict:
     stack.up()
     connections = ConnectionSettings.load(stack.env_file)
     vllm_port, gw_port = free_port(), free_port()
-    serve = start_vllm_serve(base, adapters, vllm_port, state / "vllm-serve.log")
-    engine = create_engine(EngineConfig(model_path=base, max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS,
-                                        max_lora_rank=16, max_num_seqs=32))  # fmt: skip
-    worker = registry = gateway = None
+    registry = gateway = None
     try:
-        await engine.start()
         key, registry = await setup_registry(connections, adapters)
-        worker = Worker(WorkerSettings(worker_id="bench-vs", pool=POOL, base_model=BASE, capacity=32,
-                                       max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS,
-                                       disk_cache_dir=state / "disk-cache", connections=connections),
-                        engine=engine)  # fmt: skip
-        await worker.start()
         env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_GATEWAY_PORT": str(gw_port),
                "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING"}  # fmt: skip
         with open(state / "gateway.log", "w") as log:
             gateway = subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
                                        stderr=subprocess.STDOUT)  # fmt: skip
         lpx_url, vllm_url = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{vllm_port}"
-        await wait_ready(lpx_url, gateway, 1)
-        await wait_http(vllm_url, serve)
+        warm = argparse.Namespace(**{**vars(args), "requests": 7})
+
+        async def start_peer(peer: str) -> subprocess.Popen:
+            if peer == "vllm serve":
+                proc = start_vllm_serve(base, adapters, vllm_port, state / "vllm-serve.log")
+                await wait_http(vllm_url, proc)
+            else:
+                proc = start_worker(stack.env_file, base, state)
+                await wait_ready(lpx_url, gateway, 1, timeout=600)
+            return proc
+
         peers = {"vllm serve": (vllm_url, "none"), "loraplex": (lpx_url, key)}
-        for url, k in peers.values():  # warm both (adapter loads, first-request costs)
-            await run(url, k, MIXES["3x max_loras (6) + base"], argparse.Namespace(**{**vars(args), "requests": 7}))
         results = {}
         for mix_name, mix in MIXES.items():
-            order = [("vllm serve", 1), ("loraplex", 1), ("vllm serve", 2)]  # A B A
             runs = {}
-            for peer, i in order:
+            for peer, i in [("vllm serve", 1), ("loraplex", 1), ("vllm serve", 2)]:  # A B A
                 url, k = peers[peer]
-                runs[f"{peer} #{i}"] = await run(url, k, mix, args)
+                proc = await start_peer(peer)
+                try:
+                    await run(url, k, MIXES["3x max_loras (6) + base"], warm)  # adapter loads, first requests
+                    runs[f"{peer} #{i}"] = await run(url, k, mix, args)
+                finally:
+                    stop(proc)
+                    if peer == "loraplex":
+                        await wait_gone(lpx_url)
                 print(f"  {mix_name}: {peer} #{i} {runs[f'{peer} #{i}']['tok_per_s']:.1f} tok/s", flush=True)
             results[mix_name] = runs
     finally:
-        for proc in (gateway, serve):
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        if worker is not None:
-            await worker.drain()
+        stop(gateway, 30)
         if registry is not None:
             await registry.__aexit__(None, None, None)
-        await engine.shutdown()
         stack.purge()
     return report(results, args)
+
+
+async def wait_gone(url: str, timeout_s: float = 60) -> None:
+    """Until the gateway sees no worker (the drained worker deleted its heartbeat)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get("/readyz")).json().get("workers", 0) == 0:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
 
 
 def report(results: dict, args) -> dict:
