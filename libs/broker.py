@@ -147,9 +147,6 @@ class BrokerLink:
         """Awaited after each reconnect, once streams and buckets are provisioned again."""
         self._on_back.append(hook)
 
-    def add_bucket(self, config: KeyValueConfig) -> None:
-        self.buckets.append(config)
-
     def add_consumer(self, stream: str, config) -> None:
         """A durable consumer to re-create after a reconnect if the broker lost it (same config:
         JetStream treats the create as a no-op when it exists)."""
@@ -333,3 +330,20 @@ async def publish_retrying(
             timeout = max(0.05, min(attempt_timeout_s, give_up_at - time.time()))
             return await js.publish(subject, payload, headers=headers, stream=stream, timeout=timeout)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def last_message(js, stream: str, subject: str, *, within_s: float = 20.0):
+    """The last message stored on `subject`, or None if there is none. Retried while the broker is away
+    or electing the stream's leader (a timeout is no answer); past `within_s` the error propagates."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_delay(within_s),
+        wait=wait_exponential(multiplier=0.1, max=2),
+        reraise=True,
+    ):
+        with attempt:
+            try:
+                return await js.get_last_msg(stream, subject)
+            except js_errors.NotFoundError:
+                return None
+    return None  # pragma: no cover - AsyncRetrying returns or raises

@@ -112,7 +112,6 @@ class Dispatcher:
         self.nc, self.js = nc, js
         self.publish_retry_s = publish_retry_s
         self.catch_up_every_s = catch_up_every_s
-        self.caught_up = 0  # results found in the stream instead of on the subscription
         self.pools = pools
         self.metrics = metrics
         self.tracer = tracer or trace.get_tracer("loraplex.gateway")
@@ -249,7 +248,6 @@ class Dispatcher:
             if self._deliver(stored.data, stored.subject):
                 found += 1
         if found:
-            self.caught_up += found
             log.info("results caught up from the stream", extra={"count": found})
         return found
 

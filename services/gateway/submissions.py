@@ -22,11 +22,9 @@ import time
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
 from pydantic import ValidationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from libs.broker import ConnectionState, is_transient, publish_retrying
+from libs.broker import ConnectionState, is_transient, last_message, publish_retrying
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
 from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
@@ -176,15 +174,8 @@ class SubmissionConsumer:
         raise GatewayError(502, "the stream ended without a result", "engine_error")
 
     async def _stored(self, subject: str) -> bytes | None:
-        # Retried while the broker is away or electing the stream's leader (a timeout is no answer).
-        async for attempt in AsyncRetrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(20),
-                                           wait=wait_exponential(multiplier=0.1, max=2), reraise=True):  # fmt: skip
-            with attempt:
-                try:
-                    return (await self.gateway.js.get_last_msg(subjects.RESULTS_STREAM, subject)).data
-                except NotFoundError:
-                    return None
-        return None  # pragma: no cover - AsyncRetrying returns or raises
+        stored = await last_message(self.gateway.js, subjects.RESULTS_STREAM, subject)
+        return stored.data if stored is not None else None
 
     async def _keep_in_progress(self, msg) -> None:
         while True:

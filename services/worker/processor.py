@@ -16,12 +16,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import ValidationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from libs.broker import is_transient, publish_retrying
+from libs.broker import last_message, publish_retrying
 from libs.contracts import (
     AdapterTier,
     ErrorInfo,
@@ -196,17 +194,7 @@ class RequestProcessor:
                                give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip
 
     async def _already_answered(self, request_id: str) -> bool:
-        # Retried while the broker is away or electing the stream's leader (a timeout is no answer);
-        # past that the error propagates and JetStream redelivers the request later.
-        async for attempt in AsyncRetrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(20),
-                                           wait=wait_exponential(multiplier=0.1, max=2), reraise=True):  # fmt: skip
-            with attempt:
-                try:
-                    await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(request_id))
-                    return True
-                except NotFoundError:
-                    return False
-        return False  # pragma: no cover - AsyncRetrying returns or raises
+        return await last_message(self.js, subjects.RESULTS_STREAM, subjects.results(request_id)) is not None
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         letter = dead_letter("worker", msg.subject, reason, msg.data, msg.headers)
