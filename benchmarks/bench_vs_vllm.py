@@ -9,7 +9,14 @@ request sets, alternating A B A:
 Three mixes: one adapter; a working set within max_loras (2 adapters); a working set 3x max_loras
 (6 adapters) with the base model mixed in. Every request is streamed (TTFT), greedy.
 Printed: throughput, p50/p95 latency and TTFT p50 per run, loraplex/vllm ratios, and whether the
-outputs are identical text for text. JSON and a plot in --out (vs_vllm.json, vs_vllm.png).
+outputs are identical text for text; then where loraplex's time goes, stage by stage (mean ms per
+request, from the gateway's `lpx_gateway_stage` histogram scraped before and after each run), and what
+it adds around the engine (every stage but prefill and decode). JSON and a plot in --out.
+
+The vLLM peer runs vLLM's own CPU LoRA ops (`LPX_CPU_LORA_OPS=vllm`) with only loraplex's correctness
+fix for base-model rows (vLLM PR #48421): as shipped, vLLM-CPU applies the last adapter to base-model
+requests batched with adapter requests, and its outputs could not be compared. loraplex's worker runs
+its defaults: segment-grouped LoRA ops and adapter-aware admission.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import re  # noqa: E402
 
 import httpx  # noqa: E402
 
@@ -90,7 +99,7 @@ def start_vllm_serve(base: Path, adapters: dict[str, Path], port: int, log_path:
            "--max-cpu-loras", str(MAX_CPU_LORAS), "--max-lora-rank", "16", "--enforce-eager",
            "--max-model-len", "2048", "--max-num-seqs", "32", "--dtype", "float32",
            "--lora-modules", *(f"{n}={p}" for n, p in adapters.items())]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LPX_CPU_LORA_OPS": "vllm"}
     with open(log_path, "w") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -187,12 +196,13 @@ async def main_async(args) -> dict:
     stack = Stack(StackConfig(dir=state / "stack"))
     stack.up()
     connections = ConnectionSettings.load(stack.env_file)
-    vllm_port, gw_port = free_port(), free_port()
+    vllm_port, gw_port, metrics_port = free_port(), free_port(), free_port()
     registry = gateway = None
     try:
         key, registry = await setup_registry(connections, adapters)
         env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_GATEWAY_PORT": str(gw_port),
-               "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING"}  # fmt: skip
+               "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING",
+               "LPX_GATEWAY_METRICS_PORT": str(metrics_port)}  # fmt: skip
         with open(state / "gateway.log", "w") as log:
             gateway = subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
                                        stderr=subprocess.STDOUT)  # fmt: skip
@@ -217,7 +227,10 @@ async def main_async(args) -> dict:
                 proc = await start_peer(peer)
                 try:
                     await run(url, k, MIXES["3x max_loras (6) + base"], warm)  # adapter loads, first requests
+                    before = await scrape_stages(metrics_port) if peer == "loraplex" else {}
                     runs[f"{peer} #{i}"] = await run(url, k, mix, args)
+                    if peer == "loraplex":
+                        runs[f"{peer} #{i}"]["stages_ms"] = stage_means(before, await scrape_stages(metrics_port))
                 finally:
                     stop(proc)
                     if peer == "loraplex":
@@ -230,6 +243,34 @@ async def main_async(args) -> dict:
             await registry.__aexit__(None, None, None)
         stack.purge()
     return report(results, args)
+
+
+_STAGE_LINE = re.compile(r'^lpx_gateway_stage\w*_(sum|count)\{[^}]*stage="(\w+)"[^}]*\} (\S+)$')
+
+
+async def scrape_stages(port: int) -> dict[tuple[str, str], float]:
+    """(stage, 'sum'|'count') -> value, from the gateway's Prometheus endpoint."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    found = {}
+    for line in text.splitlines():
+        match = _STAGE_LINE.match(line)
+        if match:
+            found[(match.group(2), match.group(1))] = float(match.group(3))
+    return found
+
+
+def stage_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean milliseconds per request for each stage, over the requests between the two scrapes."""
+    from services.gateway.timeline import STAGES
+
+    means = {}
+    for stage in STAGES:
+        count = after.get((stage, "count"), 0.0) - before.get((stage, "count"), 0.0)
+        total = after.get((stage, "sum"), 0.0) - before.get((stage, "sum"), 0.0)
+        if count > 0:
+            means[stage] = 1000 * total / count
+    return means
 
 
 async def wait_gone(url: str, timeout_s: float = 60) -> None:
@@ -245,6 +286,13 @@ async def wait_gone(url: str, timeout_s: float = 60) -> None:
             await asyncio.sleep(0.25)
 
 
+def _added_ms(stages_ms: dict[str, float]) -> float:
+    """What loraplex adds around the engine: every stage but prefill and decode (mean ms per request)."""
+    from services.gateway.timeline import ENGINE_STAGES
+
+    return sum(v for k, v in stages_ms.items() if k not in ENGINE_STAGES)
+
+
 def report(results: dict, args) -> dict:
     mixes = {}
     for mix_name, runs in results.items():
@@ -257,7 +305,8 @@ def report(results: dict, args) -> dict:
         same = sum(x["text"] == y["text"] for x, y in zip(a[0]["samples"], b["samples"], strict=True))
         mixes[mix_name] = {"runs": runs, "throughput_ratio": ratio("tok_per_s"), "p50_ratio": ratio("latency_p50_s"),
                            "p95_ratio": ratio("latency_p95_s"), "ttft_p50_ratio": ratio("ttft_p50_s"),
-                           "identical_outputs": same, "requests": len(b["samples"])}  # fmt: skip
+                           "identical_outputs": same, "requests": len(b["samples"]),
+                           "added_ms": _added_ms(b.get("stages_ms", {}))}  # fmt: skip
     return {"workload": {"requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.tokens,
                          "max_loras": MAX_LORAS, "max_cpu_loras": MAX_CPU_LORAS, "model": BASE, "greedy": True},
             "mixes": mixes}  # fmt: skip
@@ -285,10 +334,27 @@ def render(rep: dict, out: Path) -> None:
         ratios.add_row(mix_name, f"{m['throughput_ratio']:.2f}x", f"{m['p50_ratio']:.2f}x", f"{m['p95_ratio']:.2f}x",
                        f"{m['ttft_p50_ratio']:.2f}x", f"{m['identical_outputs']}/{m['requests']}")  # fmt: skip
     console.print(ratios)
+    _render_stages(console, rep)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vs_vllm.json").write_text(json.dumps(rep, indent=2))
     _plot(rep, out / "vs_vllm.png")
     console.print(f"wrote {out / 'vs_vllm.json'} and {out / 'vs_vllm.png'}")
+
+
+def _render_stages(console, rep: dict) -> None:
+    from rich.table import Table
+
+    from services.gateway.timeline import STAGES
+
+    table = Table(title="where loraplex's time goes: mean ms per request by stage (gateway accept -> reply sent)")
+    table.add_column("stage")
+    mixes = {name: m["runs"]["loraplex #1"].get("stages_ms", {}) for name, m in rep["mixes"].items()}
+    for name in mixes:
+        table.add_column(name.split(" (")[0], justify="right")
+    for stage in STAGES:
+        table.add_row(stage, *(f"{stages.get(stage, float('nan')):.1f}" for stages in mixes.values()))
+    table.add_row("added around the engine", *(f"{_added_ms(st):.1f}" for st in mixes.values()))
+    console.print(table)
 
 
 def _plot(rep: dict, path: Path) -> None:

@@ -112,12 +112,21 @@ class TokenDelta(Message):
 
 
 class Timings(BaseModel):
+    """Where a request's time went on the worker: durations, and the stage timeline as unix seconds
+    (the gateway lines these up with its own stamps; stages across hosts carry their clock skew)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     queue_s: float = 0.0
     adapter_load_s: float = 0.0
+    admission_wait_s: float = 0.0  # waiting for an adapter slot (adapter-aware admission)
     ttft_s: float = 0.0
     total_s: float = 0.0
+    fetched_at: float | None = None  # the worker took the message from JetStream
+    engine_added_at: float | None = None  # handed to the engine (adapter usable, slot admitted)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    result_sent_at: float | None = None  # the result was about to be published
 
 
 class ErrorInfo(BaseModel):

@@ -36,6 +36,9 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if self.device == "cpu":
+            from libs.engine.vllm_patches import ops_choice
+
+            ops_choice()  # a bad LPX_CPU_LORA_OPS fails here, in one line, not inside the engine's process
             # vLLM-CPU reserves this much KV cache per engine up front; keep it small by default.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.cpu_kvcache_gib))
         args = AsyncEngineArgs(**self._engine_kwargs())

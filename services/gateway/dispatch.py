@@ -51,6 +51,10 @@ class Job:
     attempts: int = 1
     rerouted: bool = False
     accepted_at: float = field(default_factory=time.monotonic)
+    # Stage timeline stamps (unix seconds; see services.gateway.timeline).
+    publish_started_at: float | None = None
+    published_at: float | None = None
+    received_at: float | None = None
     decision: RouteDecision | None = None
     # The caller's trace: a re-route after a worker dies publishes in the same trace, not a new one.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
@@ -179,7 +183,9 @@ class Dispatcher:
                   decision=decision)  # fmt: skip
         self._track(job)
         try:
+            job.publish_started_at = time.time()
             await self.publish(job, subjects.infer(job.pool, job.worker, token), request.request_id)
+            job.published_at = time.time()
         except Exception as exc:
             self._release(job)
             log.error("publish failed", extra={"request_id": request.request_id, "error": repr(exc)})
@@ -271,6 +277,7 @@ class Dispatcher:
                                                           "worker": result.worker_id})  # fmt: skip
             return False
         self._answered.add(result.request_id)
+        job.received_at = time.time()
         self._release(job)
         job.future.set_result(result)
         return True

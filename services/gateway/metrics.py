@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 @dataclass
@@ -21,6 +21,7 @@ class GatewayMetrics:
     resolve_lookups: Counter  # outcome: hit, miss, negative, stale, unavailable
     submissions: Counter  # outcome
     in_flight: UpDownCounter
+    stage_s: Histogram  # stage: services.gateway.timeline.STAGES
 
     @classmethod
     def create(cls, meter: Meter) -> GatewayMetrics:
@@ -44,4 +45,5 @@ class GatewayMetrics:
             resolve_lookups=meter.create_counter("lpx_gateway_resolve_lookups", description="resolver cache outcomes"),
             submissions=meter.create_counter("lpx_gateway_submissions", description="async submissions by outcome"),
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
+            stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
         )  # fmt: skip

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from libs.contracts import ChatMessage, InferenceResult, SamplingParams, new_id
 from libs.telemetry import extract_context
-from services.gateway import errors
+from services.gateway import errors, timeline
 from services.gateway.auth import bearer_key
 from services.gateway.errors import GatewayError
 
@@ -118,7 +118,7 @@ async def list_models(request: Request, authorization: Annotated[str | None, Hea
 async def _serve(request: Request, authorization: str | None, body: _Common, kind: str, *, prompt: str | None,
                  messages: list[ChatMessage] | None):  # fmt: skip
     gw = request.app.state.gateway
-    started = time.perf_counter()
+    started, accepted_at = time.perf_counter(), time.time()
     endpoint = "chat.completions" if kind == "chat" else "completions"
     attrs = {"endpoint": endpoint, "tenant": "unknown"}
     with gw.tracer.start_as_current_span(f"POST /v1/{endpoint.replace('.', '/')}", kind=trace.SpanKind.SERVER,
@@ -138,7 +138,7 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
                                     deadline=deadline, stream=body.stream)  # fmt: skip
             if body.stream:
                 usage = bool((body.stream_options or {}).get("include_usage"))
-                gen = _sse(gw, job, deadline, kind, body.model, rid, started, attrs, usage)
+                gen = _sse(gw, job, deadline, kind, body.model, rid, (started, accepted_at), attrs, usage)
                 return StreamingResponse(gen, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
             result = await gw.dispatcher.wait(job, deadline)
@@ -147,6 +147,7 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
             span.set_attribute("http.response.status_code", exc.status)
             raise
         _record(gw, attrs, 200, started)
+        _record_timeline(gw, job, result, accepted_at)
         span.set_attribute("lpx.worker", result.worker_id)
         return JSONResponse(_completion_body(kind, rid, body.model, result),
                             headers={"X-Request-Id": rid, "X-Lpx-Worker": result.worker_id})  # fmt: skip
@@ -155,6 +156,14 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
 def _record(gw, attrs: dict, status: int, started: float) -> None:
     gw.metrics.requests.add(1, {**attrs, "status": status})
     gw.metrics.latency_s.record(time.perf_counter() - started, attrs)
+
+
+def _record_timeline(gw, job, result: InferenceResult, accepted_at: float) -> None:
+    spans = timeline.stages(accepted_at=accepted_at, publish_started_at=job.publish_started_at,
+                            published_at=job.published_at, result=result, received_at=job.received_at,
+                            replied_at=time.time())  # fmt: skip
+    for stage, seconds in spans.items():
+        gw.metrics.stage_s.record(seconds, {"stage": stage})
 
 
 def _usage(result: InferenceResult) -> dict:
@@ -192,10 +201,11 @@ def _data(doc: dict) -> str:
     return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
 
 
-async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, started: float, attrs: dict,
+async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, clocks: tuple[float, float], attrs: dict,
                include_usage: bool = False) -> AsyncIterator[str]:  # fmt: skip
+    started, accepted_at = clocks
     created = int(time.time())
-    first, got_text = True, False
+    first, got_text, final = True, False, None
     status = 200
     try:
         if kind == "chat":
@@ -203,6 +213,7 @@ async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, starte
             first = False
         async for event in gw.dispatcher.events(job, deadline):
             if isinstance(event, InferenceResult):
+                final = event
                 yield _data(_chunk(kind, rid, model, created, None, event.finish_reason or "stop"))
                 if include_usage:  # OpenAI's stream_options.include_usage: one last chunk with no choices
                     last = _chunk(kind, rid, model, created, None, None)
@@ -215,6 +226,8 @@ async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, starte
             yield _data(_chunk(kind, rid, model, created, event, None, first=first))
             first = False
         yield "data: [DONE]\n\n"
+        if final is not None:
+            _record_timeline(gw, job, final, accepted_at)
     except GatewayError as exc:
         status = exc.status
         yield _data(exc.body())

@@ -21,6 +21,7 @@ from libs.contracts import PrewarmCommand, subjects
 from libs.engine import EngineConfig, create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
+from services.worker.admission import AdapterAdmission
 from services.worker.disk_cache import DiskCache
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
@@ -71,6 +72,8 @@ class Worker:
             base_model=settings.base_model, max_rank=settings.max_lora_rank, max_loras=settings.max_loras,
         )  # fmt: skip
         self.capacity = Capacity(settings.capacity)
+        self.admission = (AdapterAdmission(settings.max_loras, settings.max_adapter_wait_s)
+                          if settings.admission == "grouped" else None)  # fmt: skip
         self.queue_depth = 0
         self.handed_off = 0
         self._stopping = asyncio.Event()
@@ -99,7 +102,8 @@ class Worker:
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.processor = RequestProcessor(worker_id=self.worker_id, nc=self.nc, js=self.js, engine=self.engine,
-                                          tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s)  # fmt: skip
+                                          tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s,
+                                          admission=self.admission)  # fmt: skip
         self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
                                         f"w-{s.pool}-{self.worker_id}")  # fmt: skip
         self.shared = await self._consumer(subjects.infer_any_filter(s.pool), f"pool-{s.pool}")

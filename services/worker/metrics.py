@@ -22,6 +22,7 @@ class WorkerMetrics:
     tokens: metrics.Counter
     ttft_seconds: metrics.Histogram
     in_flight: metrics.UpDownCounter
+    admission_wait_seconds: metrics.Histogram
 
     @classmethod
     def create(cls, meter: metrics.Meter) -> WorkerMetrics:
@@ -35,6 +36,8 @@ class WorkerMetrics:
             tokens=meter.create_counter("lpx_worker_generated_tokens", description="completion tokens generated"),
             ttft_seconds=meter.create_histogram("lpx_worker_ttft_seconds", unit="s", description="time to first token"),
             in_flight=meter.create_up_down_counter("lpx_worker_in_flight", description="requests being generated"),
+            admission_wait_seconds=meter.create_histogram("lpx_worker_admission_wait_seconds", unit="s",
+                                                          description="adapter requests waiting for a slot"),
         )  # fmt: skip
 
     def record_tier(self, tier: AdapterTier, load_s: float) -> None:
@@ -59,5 +62,31 @@ def register_queue_gauges(meter: metrics.Meter, worker) -> None:
         yield metrics.Observation(worker.tokens_per_s(), {"worker": worker.worker_id})
 
     meter.create_observable_gauge("lpx_worker_queue_depth", [queue_depth], description="messages waiting")
+    if worker.admission is not None:
+        _register_admission(meter, worker)
     meter.create_observable_gauge("lpx_worker_disk_cache_bytes", [disk_bytes], description="disk tier size")
     meter.create_observable_gauge("lpx_worker_tokens_per_second", [tokens_per_s], description="recent tok/s")
+
+
+def _register_admission(meter: metrics.Meter, worker) -> None:
+    admission, labels = worker.admission, {"worker": worker.worker_id}
+
+    def swaps(_options):
+        yield metrics.Observation(admission.stats.slot_swaps, labels)
+
+    def waiting(_options):
+        yield metrics.Observation(admission.waiting, labels)
+
+    def oldest(_options):
+        yield metrics.Observation(admission.oldest_wait_s(), labels)
+
+    def longest(_options):
+        yield metrics.Observation(admission.stats.longest_wait_s, labels)
+
+    meter.create_observable_counter("lpx_worker_adapter_slot_swaps", [swaps],
+                                    description="adapter slots given to an adapter that did not hold one")  # fmt: skip
+    meter.create_observable_gauge("lpx_worker_admission_waiting", [waiting], description="requests waiting for a slot")
+    meter.create_observable_gauge("lpx_worker_admission_oldest_wait_seconds", [oldest], unit="s",
+                                  description="how long the oldest request waiting for a slot has waited")  # fmt: skip
+    meter.create_observable_gauge("lpx_worker_admission_longest_wait_seconds", [longest], unit="s",
+                                  description="the longest slot wait since the worker started")  # fmt: skip

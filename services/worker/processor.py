@@ -33,6 +33,7 @@ from libs.contracts.parsing import first_error, request_id_of
 from libs.engine import GenerationRequest
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
+from services.worker.admission import AdapterAdmission
 from services.worker.metrics import WorkerMetrics
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
 
@@ -69,12 +70,16 @@ class _Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float = 0.0
+    engine_added_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
 
 class RequestProcessor:
     def __init__(self, *, worker_id: str, nc, js, engine, tiers: AdapterTiers, metrics: WorkerMetrics,
-                 ack_wait_s: float) -> None:  # fmt: skip
+                 ack_wait_s: float, admission: AdapterAdmission | None = None) -> None:  # fmt: skip
         self.worker_id = worker_id
+        self.admission = admission  # None: every request goes to the engine at once (FIFO in vLLM)
         self.nc, self.js = nc, js
         self.engine = engine
         self.tiers = tiers
@@ -85,6 +90,7 @@ class RequestProcessor:
         self.generated_tokens = 0
 
     async def handle(self, msg: Msg) -> None:
+        fetched_at = time.time()
         try:
             request = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:
@@ -103,7 +109,7 @@ class RequestProcessor:
             with tracer.start_as_current_span("worker.infer", context=extract_context(msg.headers),
                                               attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
                                                           "lpx.tenant": request.tenant_id}):  # fmt: skip
-                result = await self._process(request, msg)
+                result = await self._process(request, msg, fetched_at)
             await self._publish_result(result, give_up_at=_publish_deadline(request))
             await msg.ack()
             self.answered.add(rid)
@@ -111,9 +117,9 @@ class RequestProcessor:
         finally:
             self.active.discard(rid)
 
-    async def _process(self, request: InferenceRequest, msg: Msg) -> InferenceResult:
+    async def _process(self, request: InferenceRequest, msg: Msg, fetched_at: float) -> InferenceResult:
         started = time.monotonic()
-        timings = {"queue_s": max(0.0, time.time() - request.submitted_at)}
+        timings = {"queue_s": max(0.0, fetched_at - request.submitted_at), "fetched_at": fetched_at}
         if request.deadline is not None and time.time() > request.deadline:
             return self._error(request, "deadline", "the request's deadline passed before it was started", timings)
         lease: AdapterLease | None = None
@@ -126,29 +132,42 @@ class RequestProcessor:
                 return self._error(request, exc.code, str(exc), timings)
             self.metrics.record_tier(lease.tier, lease.load_s)
             timings["adapter_load_s"] = lease.load_s
+        keepalive = asyncio.create_task(self._keep_in_progress(msg))  # slot waits and generation alike
         try:
-            keepalive = asyncio.create_task(self._keep_in_progress(msg))
-            try:
+            async with self._admitted(lease) as waited:
+                timings["admission_wait_s"] = waited
                 outcome = await self._generate(request, lease)
-            finally:
-                keepalive.cancel()
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes an error result
             log.exception("generation failed", extra={"request_id": request.request_id})
             return self._error(request, "engine_error", f"{type(exc).__name__}: {exc}", timings)
         finally:
+            keepalive.cancel()
             if lease is not None:
                 self.tiers.release(lease)
         self.generated_tokens += outcome.completion_tokens
         self.metrics.tokens.add(outcome.completion_tokens)
         self.metrics.ttft_seconds.record(outcome.ttft_s)
+        timeline = dict(engine_added_at=outcome.engine_added_at, first_token_at=outcome.first_token_at,
+                        last_token_at=outcome.last_token_at)  # fmt: skip
         return InferenceResult(
             request_id=request.request_id, worker_id=self.worker_id, ok=True, text=outcome.text,
             finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             adapter_digest_applied=lease.spec.digest if lease else None,
             adapter_tier=lease.tier if lease else AdapterTier.NONE,
-            timings=Timings(**timings, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
+            timings=Timings(**timings, **timeline, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
         )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, lease: AdapterLease | None):
+        """A place in the engine: at once for the base model or without admission control."""
+        if self.admission is None:
+            yield 0.0
+            return
+        async with self.admission.admitted(lease.spec.digest if lease else None) as waited:
+            if lease is not None:
+                self.metrics.admission_wait_seconds.record(waited)
+            yield waited
 
     async def _generate(self, request: InferenceRequest, lease: AdapterLease | None) -> _Outcome:
         s = request.sampling
@@ -161,10 +180,11 @@ class RequestProcessor:
         )  # fmt: skip
         if request.adapter is not None and gen.adapter is None:  # belt and braces: never fall back to base
             raise RuntimeError("adapter requested but not applied")
-        out, started, index = _Outcome(), time.monotonic(), 0
+        out, started, index = _Outcome(engine_added_at=time.time()), time.monotonic(), 0
         async for chunk in self.engine.generate(gen):
             if chunk.text and not out.ttft_s:
                 out.ttft_s = time.monotonic() - started
+                out.first_token_at = time.time()
             if request.stream and chunk.text:
                 delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text)
                 await self.nc.publish(subjects.tokens(request.request_id), delta.model_dump_json().encode())
@@ -172,6 +192,7 @@ class RequestProcessor:
             out.text += chunk.text
             out.completion_tokens, out.prompt_tokens = chunk.completion_tokens, chunk.prompt_tokens
             out.finish_reason = chunk.finish_reason or out.finish_reason
+        out.last_token_at = time.time()
         return out
 
     async def _keep_in_progress(self, msg: Msg) -> None:
@@ -189,6 +210,8 @@ class RequestProcessor:
         # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
         # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
         # unacknowledged: JetStream redelivers it and the result is published again then.
+        stamped = result.timings.model_copy(update={"result_sent_at": time.time()})
+        result = result.model_copy(update={"timings": stamped})
         await publish_retrying(self.js, subjects.results(result.request_id), result.model_dump_json().encode(),
                                headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
                                give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
@@ -35,6 +36,10 @@ class WorkerSettings(ServiceSettings):
     cpu_kvcache_gib: int = 1
     # Requests generated concurrently (what the worker pulls from JetStream at most).
     capacity: int = 16
+    # Adapter-aware admission: requests grouped by adapter into the engine's max_loras slots, no request
+    # waiting for a slot much past `max_adapter_wait_s`; "fifo" hands everything to the engine at once.
+    admission: Literal["grouped", "fifo"] = "grouped"
+    max_adapter_wait_s: float = Field(2.0, gt=0)
     # Local disk tier: content-addressed by digest, LRU bounded in bytes.
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 2 * 1024**3

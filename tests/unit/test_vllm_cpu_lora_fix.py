@@ -6,6 +6,14 @@ torch = pytest.importorskip("torch")
 lora_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
 
 
+def _original(name: str):
+    """vLLM's op as shipped (before the plugin replaced it, if it has)."""
+    from libs.engine import vllm_patches
+
+    vllm_patches.apply()
+    return vllm_patches.ORIGINALS[name]
+
+
 def _inputs():
     torch.manual_seed(0)
     slots, rank, width, tokens = 3, 4, 6, 5
@@ -20,7 +28,7 @@ def test_unpatched_ops_leak_the_last_adapter_into_base_rows():
     from libs.engine.vllm_patches import _skip_no_lora_rows
 
     lora_a, _, x, indices = _inputs()
-    raw = getattr(lora_ops.bgmv_shrink, "__wrapped__", lora_ops.bgmv_shrink)  # the original op
+    raw = _original("bgmv_shrink")
     out = torch.zeros(len(x), 4)
     raw(x, lora_a, out, indices, 1.0)
     assert out[1].abs().sum() > 0  # the bug: row 1 (no LoRA) got slot 2's delta
@@ -37,7 +45,7 @@ def test_expand_leaves_base_rows_exactly_as_they_were():
     shrunk = torch.randn(5, 4)
     base = torch.randn(5, 6)
     out = base.clone()
-    raw = getattr(lora_ops.bgmv_expand, "__wrapped__", lora_ops.bgmv_expand)
+    raw = _original("bgmv_expand")
     _skip_no_lora_rows(raw)(shrunk, lora_b, out, indices, True)
     assert torch.equal(out[1], base[1]) and torch.equal(out[3], base[3])
     expected = base[0] + lora_b[0] @ shrunk[0]

@@ -97,6 +97,7 @@ def recording_telemetry():
         trace.set_tracer_provider(provider)
         _RECORDER.update(provider=provider, exporter=exporter)
     from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from libs.telemetry import Telemetry
 
@@ -104,7 +105,10 @@ def recording_telemetry():
         def shutdown(self) -> None:
             self.meter_provider.shutdown()
 
-    return _Shared("gateway", _RECORDER["provider"], MeterProvider()), _RECORDER["exporter"]
+    reader = InMemoryMetricReader()  # this gateway's own metrics
+    telemetry = _Shared("gateway", _RECORDER["provider"], MeterProvider(metric_readers=[reader]))
+    telemetry.metrics_reader = reader
+    return telemetry, _RECORDER["exporter"]
 
 
 class ServedGateway:
@@ -117,6 +121,7 @@ class ServedGateway:
 
         self.settings = settings
         telemetry, self.spans = recording_telemetry()
+        self.metrics_reader = telemetry.metrics_reader
         self.app = create_app(settings, gateway=Gateway(settings, telemetry=telemetry))
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"

@@ -61,6 +61,21 @@ async def test_openai_client_chat_completions_streaming_models(gateway, tenants,
     models_b = {m.id for m in (await asyncio.to_thread(oa(gateway, tenants.key_b).models.list)).data}
     assert "concierge" in models_b and "support" not in models_b
     assert worker.processor.answered  # it really went through the worker
+    _every_stage_was_timed(gateway)
+
+
+def _every_stage_was_timed(gateway) -> None:
+    """The stage timeline (gateway accept ... reply sent) was recorded for the requests above."""
+    from services.gateway.timeline import STAGES
+
+    counts = {}
+    for resource in gateway.metrics_reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "lpx_gateway_stage":
+                    counts = {p.attributes["stage"]: p.count for p in metric.data.data_points}
+    assert set(counts) == set(STAGES), counts
+    assert min(counts.values()) >= 5, counts  # 5 answered requests, streamed and not
 
 
 async def test_refusals_have_openai_shape_and_status(gateway, tenants, make_worker):

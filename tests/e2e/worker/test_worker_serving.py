@@ -72,6 +72,29 @@ async def test_more_adapters_than_slots_and_eviction_churn_keep_outputs(make_wor
     assert churn.tiers.disk.stats.downloads > len(noise)  # evicted adapters were fetched again
 
 
+async def test_a_flood_over_more_adapters_than_slots_is_admitted_grouped(make_worker, client, noise):
+    """Adapter-aware admission: 5 adapters x 3 requests and 3 base requests at once on 2 slots. Each adapter
+    takes a slot for its whole group, base requests never wait, outputs are what each request gets alone."""
+    await make_worker("w-alone")
+    alone = await _solo_outputs(client, "w-alone", noise, Q1)
+    base_rid = await client.send("w-alone", None, Q1, max_tokens=16)
+    base_alone = (await client.wait([base_rid]))[base_rid].text
+    worker = await make_worker("w-group", capacity=18, max_adapter_wait_s=30)
+    plan = [adapter for _ in range(3) for adapter in [*noise, None]]  # interleaved: the worst order for slots
+    rids = await asyncio.gather(*(client.send("w-group", adapter, Q1, max_tokens=16) for adapter in plan))
+    results = await client.wait(rids)
+    for adapter, rid in zip(plan, rids, strict=True):
+        result = results[rid]
+        assert result.ok, result.error
+        assert result.text == (alone[adapter.name] if adapter else base_alone)
+        if adapter is None:
+            assert result.timings.admission_wait_s == 0.0  # the base model needs no slot
+    stats = worker.admission.stats
+    assert stats.admitted == 15
+    assert stats.slot_swaps <= 2 * len(noise), stats  # grouped: not one swap per request (15)
+    assert stats.longest_wait_s > 0  # some adapters did wait for a slot
+
+
 async def test_corrupted_object_fails_closed_with_a_clear_error(make_worker, client, noise, store):
     worker = await make_worker("w-corrupt")
     victim = upload(store, "victim", noise[0].path)
