@@ -134,7 +134,7 @@ async def main_async(args) -> dict:
                                    size_bytes=files.size_bytes))  # fmt: skip
         await engine.start()
         disk = DiskCache(state / "disk-cache", 10 * 1024**3, store)
-        tiers = AdapterTiers(disk, engine, base_model="smollm2-135m", max_rank=16, max_loras=2)
+        tiers = AdapterTiers(disk, engine, base_model="smollm2-135m", max_rank=16, max_loras=2, max_cpu_loras=3)
         await ttft(engine, None, "warmup", max_tokens=4)
         tier_report = await measure_tiers(engine, tiers, refs, args.repeats)
         leases = [await tiers.acquire(r) for r in refs[: args.mixed_adapters]]

@@ -62,3 +62,16 @@ def noise_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
         random_adapters(base_path, missing, recipe, scale=0.05)
     return list(outs.values())
+
+
+def tiny_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
+    """`count` distinct small random adapters (rank `rank` on q_proj only, ~1 MB each) on the base's
+    real shapes, for fleet tests where hundreds are pushed, downloaded and verified."""
+    recipe = LoraRecipe(rank=rank, target_modules=("q_proj",))
+    outs = {seed: _cache_dir("tiny", {"seed": seed, "rank": rank, "v": 1}) for seed in range(1000, 1000 + count)}
+    missing = {seed: path for seed, path in outs.items() if not _valid(path)}
+    if missing:
+        for path in missing.values():
+            shutil.rmtree(path, ignore_errors=True)
+        random_adapters(base_path, missing, recipe, scale=0.05)
+    return list(outs.values())

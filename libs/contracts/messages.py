@@ -103,6 +103,9 @@ class InferenceRequest(Message):
     stream: bool = False
     deadline: float | None = None  # unix seconds; past it the worker answers with a deadline error
     submitted_at: float = Field(default_factory=time.time)
+    # The gateway waiting for the answer (a subject token): results and tokens go to its own subjects
+    # (subjects.results_to / tokens_to). None: the shared subjects (subjects.results / tokens).
+    reply_to: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$", max_length=64)
 
 
 class TokenDelta(Message):
@@ -167,6 +170,7 @@ class WorkerHeartbeat(Message):
     max_rank: int
     capacity: int
     in_flight: int
+    queued: int = 0  # routed to this worker, not yet taken (its consumers' pending messages)
     adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
     ts: float = Field(default_factory=time.time)
 

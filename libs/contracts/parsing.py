@@ -28,3 +28,12 @@ def request_id_of(data: bytes, max_len: int = 128) -> str | None:
         return rid if len(rid) <= max_len else None
     except Exception:  # noqa: BLE001 - unparseable means no id
         return None
+
+
+def reply_to_of(data: bytes) -> str | None:
+    """The `reply_to` gateway of a raw inference request if it has a usable one, else None."""
+    try:
+        gateway = json.loads(data).get("reply_to")
+        return subjects.token(gateway) if gateway and len(gateway) <= 64 else None
+    except Exception:  # noqa: BLE001 - unparseable means none
+        return None

@@ -77,6 +77,16 @@ def infer_worker_filter(pool: str, worker: str) -> str:
     return f"{PREFIX}.infer.{token(pool)}.{token(worker)}.>"
 
 
+def worker_durable(pool: str, worker: str) -> str:
+    """The durable consumer through which a worker takes the work routed to it."""
+    return f"w-{token(pool)}-{token(worker)}"
+
+
+def pool_durable(pool: str) -> str:
+    """The durable consumer the workers of a pool share (hand-offs, re-routes with nobody live)."""
+    return f"pool-{token(pool)}"
+
+
 # Work any worker of a pool may take (one durable consumer shared by the pool, so each message goes
 # to exactly one of them): hand-offs from a draining worker, re-routes of a dead worker's backlog.
 # Worker ids may not start with '_', so this never overlaps a worker's own filter.
@@ -102,6 +112,41 @@ def results(request_id: str) -> str:
 
 def tokens(request_id: str) -> str:
     return f"{PREFIX}.tokens.{token(request_id)}"
+
+
+# Worker -> the one gateway that asked (InferenceRequest.reply_to): a gateway subscribes to its own
+# prefix only, so N gateways do not each receive every result and token of the fleet. Still under
+# `lpx.results.>`: stored in the RESULTS stream like every result.
+def results_to(gateway: str, request_id: str) -> str:
+    return f"{PREFIX}.results.gw.{token(gateway)}.{token(request_id)}"
+
+
+def results_to_filter(gateway: str) -> str:
+    return f"{PREFIX}.results.gw.{token(gateway)}.>"
+
+
+def tokens_to(gateway: str, request_id: str) -> str:
+    return f"{PREFIX}.tokens.gw.{token(gateway)}.{token(request_id)}"
+
+
+def tokens_to_filter(gateway: str) -> str:
+    return f"{PREFIX}.tokens.gw.{token(gateway)}.>"
+
+
+def result_subject(request_id: str, reply_to: str | None) -> str:
+    """Where the result of an inference request goes: its gateway's prefix, or the shared one."""
+    return results_to(reply_to, request_id) if reply_to else results(request_id)
+
+
+def result_lookup(request_id: str, reply_to: str | None) -> str:
+    """The subject filter under which a stored result of `request_id` is looked up (last message):
+    whichever gateway it was for. A request id is unique, and a submission re-dispatched by another
+    gateway after its first gateway died keeps its id: the answer the first one got is the answer."""
+    return f"{PREFIX}.results.gw.*.{token(request_id)}" if reply_to else results(request_id)
+
+
+def token_subject(request_id: str, reply_to: str | None) -> str:
+    return tokens_to(reply_to, request_id) if reply_to else tokens(request_id)
 
 
 def adapter_event(kind: str) -> str:

@@ -23,7 +23,12 @@ __all__ = [
 
 
 def create_engine(config: EngineConfig) -> InferenceEngine:
-    """The vLLM engine (imported lazily: vllm is only installed where an engine runs)."""
+    """The vLLM engine (imported lazily: vllm is only installed where an engine runs), or the simulated
+    one for fleet load tests when the config asks for it."""
+    if config.engine == "sim":
+        from libs.engine.sim_engine import SimEngine, SimProfile
+
+        return SimEngine(config, SimProfile(**config.sim))
     from libs.engine.vllm_engine import VllmEngine
 
     return VllmEngine(config)

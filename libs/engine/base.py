@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,9 @@ class EngineConfig(BaseModel):
     """How a worker's (or the eval gate's) engine is set up. Defaults suit SmolLM2 on 2 CPU cores."""
 
     model_path: Path
+    # "vllm" everywhere; "sim" only for fleet load tests (libs/engine/sim_engine.py, no model loaded).
+    engine: Literal["vllm", "sim"] = "vllm"
+    sim: dict = Field(default_factory=dict, description="SimProfile fields for engine='sim'")
     served_model_name: str = "base"
     device: str = Field("auto", description="auto | cpu | cuda")
     dtype: str = Field("auto", description="auto: bfloat16 on GPU, float32 on CPU (bf16 is emulated there)")

@@ -64,7 +64,8 @@ class Gateway:
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
-                                     publish_retry_s=s.publish_retry_s, tracer=self.tracer)  # fmt: skip
+                                     publish_retry_s=s.publish_retry_s, tracer=self.tracer,
+                                     gateway_id=s.gateway_id, load_signal=s.load_signal)  # fmt: skip
         # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)
@@ -142,7 +143,7 @@ class Gateway:
                        stream: bool) -> Job:  # fmt: skip
         request = InferenceRequest(request_id=request_id, tenant_id=prepared.tenant, base_model=prepared.base_model,
                                    adapter=prepared.adapter, prompt=prompt, messages=messages, sampling=sampling,
-                                   stream=stream, deadline=deadline)  # fmt: skip
+                                   stream=stream, deadline=deadline, reply_to=self.settings.gateway_id)  # fmt: skip
         return await self.dispatcher.submit(request, rank=prepared.adapter.rank if prepared.adapter else None,
                                             stream=stream)  # fmt: skip
 

@@ -30,6 +30,7 @@ from libs.routing import BoundedLoadRouter, RouteDecision
 from libs.telemetry import inject_headers
 from services.gateway import errors
 from services.gateway.errors import GatewayError
+from services.gateway.fleet_load import FleetLoad
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pool_view import NoPoolError, PoolView
 
@@ -112,8 +113,13 @@ class _Recent:
 class Dispatcher:
     def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
                  hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
-                 catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None) -> None:  # fmt: skip
+                 catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
+                 load_signal: str = "fleet") -> None:  # fmt: skip
         self.nc, self.js = nc, js
+        # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
+        self.gateway_id = gateway_id
+        self.load_signal = load_signal  # "fleet": heartbeats + own deltas; "local": this gateway's own counts
+        self.fleet = FleetLoad()
         self.publish_retry_s = publish_retry_s
         self.catch_up_every_s = catch_up_every_s
         self.pools = pools
@@ -130,8 +136,11 @@ class Dispatcher:
         self._lookups = ConnectionState("results stream lookups")
 
     async def start(self) -> None:
-        self._subs = [await self.nc.subscribe(subjects.RESULTS_ALL, cb=self._on_result),
-                      await self.nc.subscribe(subjects.TOKENS_ALL, cb=self._on_token)]  # fmt: skip
+        results, tokens = subjects.RESULTS_ALL, subjects.TOKENS_ALL
+        if self.gateway_id:
+            results, tokens = subjects.results_to_filter(self.gateway_id), subjects.tokens_to_filter(self.gateway_id)
+        self._subs = [await self.nc.subscribe(results, cb=self._on_result),
+                      await self.nc.subscribe(tokens, cb=self._on_token)]  # fmt: skip
         await self.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep(), name="results-catch-up")
 
@@ -162,7 +171,13 @@ class Dispatcher:
 
     def route(self, pool: str, workers: tuple[str, ...], token: str) -> RouteDecision:
         router = self.router_for(pool, workers)
-        return router.route(token, self.loads, self.adapter_loads[pool])
+        return router.route(token, self.worker_loads(workers), self.adapter_loads[pool])
+
+    def worker_loads(self, workers: tuple[str, ...]) -> dict[str, int]:
+        """The load each worker is routed by: the pool's (heartbeats + own deltas) or this gateway's."""
+        if self.load_signal == "local":
+            return self.loads
+        return self.fleet.loads(workers, getattr(self.pools, "live", {}), self.loads)
 
     # --- submitting ----------------------------------------------------------------------------
     async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False) -> Job:
@@ -209,6 +224,7 @@ class Dispatcher:
     def _track(self, job: Job) -> None:
         self.jobs[job.request_id] = job
         self.loads[job.worker] += 1
+        self.fleet.sent(job.worker)
         self.adapter_loads[job.pool][job.token] += 1
         self.metrics.in_flight.add(1)
 
@@ -223,6 +239,7 @@ class Dispatcher:
         self.metrics.in_flight.add(-1)
 
     def _unload(self, worker: str) -> None:
+        self.fleet.answered(worker)
         self.loads[worker] -= 1
         if self.loads[worker] <= 0:
             del self.loads[worker]
@@ -232,6 +249,7 @@ class Dispatcher:
         self._unload(job.worker)
         job.worker = worker
         self.loads[worker] += 1
+        self.fleet.sent(worker)
 
     # --- results -------------------------------------------------------------------------------
     async def _on_result(self, msg) -> None:
@@ -244,7 +262,8 @@ class Dispatcher:
             if job.future.done() or now - job.accepted_at < older_than_s:
                 continue
             try:
-                stored = await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(rid))
+                subject = subjects.result_lookup(rid, job.request.reply_to)
+                stored = await self.js.get_last_msg(subjects.RESULTS_STREAM, subject)
             except NotFoundError:
                 continue
             except Exception as exc:  # noqa: BLE001 - the broker is away again: the next round retries

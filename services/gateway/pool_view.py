@@ -79,6 +79,7 @@ class PoolView:
         self._clock = clock
         self.on_dead = on_dead
         self.beats: dict[str, WorkerHeartbeat] = {}
+        self.last_pool: dict[str, str] = {}  # worker -> its pool, kept after it left (to retire its consumer)
         self._kv = None
         self._task: asyncio.Task | None = None
         self._last_live: set[str] = set()  # live at the previous refresh
@@ -146,6 +147,7 @@ class PoolView:
 
     async def refresh(self) -> None:
         self.beats = await self._read()
+        self.last_pool.update({worker: beat.pool for worker, beat in self.beats.items()})
         self.state.ok()
         self._regained()
         now_live = set(self.live)

@@ -7,6 +7,13 @@
 * A worker that left cleanly (its drain deleted its key after finishing in-flight work and handing
   its backlog to the pool) gets a grace period first: only what is still unanswered after it is
   re-published, so a clean drain is not doubled by a re-route.
+
+Then the worker's durable consumer is retired: what is left on its subjects is purged and the consumer
+deleted, so a fleet where workers come and go does not accumulate dead consumers and stranded messages.
+Nothing is lost by the purge: every gateway re-publishes its own stranded requests from memory (each
+sees the worker leave), and an async submission whose gateway died is redelivered to another gateway
+by the submission stream. Every gateway may retire the same worker; the second finds nothing to do. A
+worker that was only cut off and comes back re-creates its consumer (services/worker/app.py).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from nats.js.errors import KeyDeletedError
+from nats.js.errors import KeyDeletedError, NotFoundError
 
 from libs.contracts import subjects
 from services.gateway.dispatch import Dispatcher, Job
@@ -27,6 +34,7 @@ class Rerouter:
         self.dispatcher = dispatcher
         self.drain_grace_s = drain_grace_s
         self.rerouted = 0
+        self.retired = 0
         self._tasks: set[asyncio.Task] = set()
 
     def on_dead(self, workers: set[str]) -> None:
@@ -47,6 +55,26 @@ class Rerouter:
             await self.reroute(worker, reason="drained")
         else:
             await self.reroute(worker, reason="lost")
+        await self.retire(worker)
+
+    async def retire(self, worker: str) -> bool:
+        """Purge what is left routed to a worker that left, and delete its durable consumer."""
+        d = self.dispatcher
+        pool = d.pools.last_pool.get(worker)
+        if pool is None or worker in d.pools.live:
+            return False  # unknown, or it came back meanwhile
+        try:
+            await d.js.purge_stream(subjects.INFER_STREAM, subject=subjects.infer_worker_filter(pool, worker))
+            await d.js.delete_consumer(subjects.INFER_STREAM, subjects.worker_durable(pool, worker))
+        except NotFoundError:
+            return False  # another gateway retired it first
+        except Exception as exc:  # noqa: BLE001 - the broker is away: the next worker loss tries again
+            log.warning("could not retire the consumer of worker %s: %s", worker, type(exc).__name__)
+            return False
+        self.retired += 1
+        d.pools.last_pool.pop(worker, None)
+        log.info("retired the consumer of a worker that left", extra={"worker": worker, "pool": pool})
+        return True
 
     async def _left_cleanly(self, worker: str) -> bool:
         kv = self.dispatcher.pools._kv

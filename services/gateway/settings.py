@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import os
+import socket
+import uuid
+from typing import Literal
+
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from libs.routing import DEFAULT_BALANCE_FACTOR, DEFAULT_HOT_THRESHOLD, DEFAULT_MAX_SPREAD
 from libs.settings import ServiceSettings
 
 
+def _default_gateway_id() -> str:
+    host = "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname())[:40]
+    return f"{host[:30]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # unique even for two gateways in one process
+
+
 class GatewaySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LPX_GATEWAY_", extra="ignore")
+
+    # Unique per replica: workers send this gateway's results and tokens to its own subjects.
+    gateway_id: str = Field(default_factory=_default_gateway_id, max_length=64)
+    # Bounded-load routing by the pool's load (workers' heartbeats + this replica's requests since) or
+    # by this replica's own in-flight counts only (one gateway, or for comparison).
+    load_signal: Literal["fleet", "local"] = "fleet"
 
     host: str = "0.0.0.0"
     port: int = 8000
@@ -43,3 +59,10 @@ class GatewaySettings(ServiceSettings):
     drain_grace_s: float = Field(30.0, ge=0)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
     base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])
+
+    @field_validator("gateway_id")
+    @classmethod
+    def _gateway_id_is_a_subject_token(cls, value: str) -> str:
+        from libs.contracts import subjects
+
+        return subjects.token(value)

@@ -142,7 +142,8 @@ class SubmissionConsumer:
         rid = submit.request_id
         work_id = internal_id(rid)
         try:
-            stored = await self._stored(subjects.results(work_id))  # generated before a gateway restart
+            # Generated before a gateway restart, for whichever gateway dispatched it then.
+            stored = await self._stored(subjects.result_lookup(work_id, g.settings.gateway_id))
             if stored is not None:
                 prepared = await g.prepare(submit.api_key, submit.model)
                 checked = check_applied(InferenceResult.model_validate_json(stored), prepared.expected_digest,

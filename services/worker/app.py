@@ -70,11 +70,13 @@ class Worker:
         self.tiers = AdapterTiers(
             DiskCache(settings.resolved_disk_cache_dir(), settings.disk_cache_bytes, self.store), self.engine,
             base_model=settings.base_model, max_rank=settings.max_lora_rank, max_loras=settings.max_loras,
+            max_cpu_loras=settings.max_cpu_loras,
         )  # fmt: skip
         self.capacity = Capacity(settings.capacity)
         self.admission = (AdapterAdmission(settings.max_loras, settings.max_adapter_wait_s)
                           if settings.admission == "grouped" else None)  # fmt: skip
         self.queue_depth = 0
+        self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.handed_off = 0
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -84,7 +86,9 @@ class Worker:
 
     def _engine_config(self) -> EngineConfig:
         s = self.settings
-        return EngineConfig(model_path=s.resolved_model_path(), served_model_name=s.base_model, device=s.device,
+        sim = {"prefill_tok_s": s.sim_prefill_tok_s, "decode_tok_s": s.sim_decode_tok_s}
+        return EngineConfig(model_path=s.resolved_model_path(), engine=s.engine, sim=sim,
+                            served_model_name=s.base_model, device=s.device,
                             max_loras=s.max_loras, max_cpu_loras=s.max_cpu_loras, max_lora_rank=s.max_lora_rank,
                             max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
                             cpu_kvcache_gib=s.cpu_kvcache_gib)  # fmt: skip
@@ -105,8 +109,8 @@ class Worker:
                                           tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s,
                                           admission=self.admission)  # fmt: skip
         self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
-                                        f"w-{s.pool}-{self.worker_id}")  # fmt: skip
-        self.shared = await self._consumer(subjects.infer_any_filter(s.pool), f"pool-{s.pool}")
+                                        subjects.worker_durable(s.pool, self.worker_id))  # fmt: skip
+        self.shared = await self._consumer(subjects.infer_any_filter(s.pool), subjects.pool_durable(s.pool))
         self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)
         self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
@@ -165,11 +169,20 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
                 state.failed(exc)
                 await asyncio.sleep(0.5)
+                await self._recreate_consumers()
                 continue
             state.ok()
             self.capacity.take(len(msgs))
             for msg in msgs:
                 self._spawn(msg)
+
+    async def _recreate_consumers(self) -> None:
+        """Connected but a fetch failed: the consumer may be gone (a gateway retired it while this worker
+        looked dead to it). Creating a durable that exists is a no-op, so just ensure them again."""
+        if not self.nc.is_connected:
+            return
+        with contextlib.suppress(Exception):
+            await self.link.provision()
 
     def _spawn(self, msg) -> None:
         task = asyncio.create_task(self._handle(msg))
@@ -213,6 +226,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 own, shared = await self.own.consumer_info(), await self.shared.consumer_info()
                 self.queue_depth = own.num_pending + shared.num_pending
+                self.own_pending = own.num_pending
             await asyncio.sleep(2.0)
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:

@@ -37,7 +37,8 @@ class Heartbeater:
         w = self.worker
         beat = WorkerHeartbeat(worker_id=w.worker_id, pool=w.settings.pool, base_model=w.settings.base_model,
                                max_rank=w.settings.max_lora_rank, capacity=w.settings.capacity,
-                               in_flight=w.in_flight, adapters=await w.tiers.resident())  # fmt: skip
+                               in_flight=w.in_flight, queued=w.own_pending,
+                               adapters=await w.tiers.resident())  # fmt: skip
         if self.kv is None:
             await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)
             self.kv = await self.link.js.key_value(subjects.HEARTBEAT_BUCKET)

@@ -29,7 +29,7 @@ from libs.contracts import (
     TokenDelta,
     subjects,
 )
-from libs.contracts.parsing import first_error, request_id_of
+from libs.contracts.parsing import first_error, reply_to_of, request_id_of
 from libs.engine import GenerationRequest
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
@@ -100,7 +100,7 @@ class RequestProcessor:
         if rid in self.active:
             await msg.in_progress()  # a redelivery while we generate: the original will ack
             return
-        if rid in self.answered or await self._already_answered(rid):
+        if rid in self.answered or await self._already_answered(request):
             self.answered.add(rid)
             await msg.ack()
             return
@@ -110,7 +110,7 @@ class RequestProcessor:
                                               attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
                                                           "lpx.tenant": request.tenant_id}):  # fmt: skip
                 result = await self._process(request, msg, fetched_at)
-            await self._publish_result(result, give_up_at=_publish_deadline(request))
+            await self._publish_result(result, request.reply_to, give_up_at=_publish_deadline(request))
             await msg.ack()
             self.answered.add(rid)
             self.metrics.requests.add(1, {"outcome": "ok" if result.ok else result.error.code})
@@ -187,7 +187,8 @@ class RequestProcessor:
                 out.first_token_at = time.time()
             if request.stream and chunk.text:
                 delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text)
-                await self.nc.publish(subjects.tokens(request.request_id), delta.model_dump_json().encode())
+                subject = subjects.token_subject(request.request_id, request.reply_to)
+                await self.nc.publish(subject, delta.model_dump_json().encode())
                 index += 1
             out.text += chunk.text
             out.completion_tokens, out.prompt_tokens = chunk.completion_tokens, chunk.prompt_tokens
@@ -206,18 +207,21 @@ class RequestProcessor:
         return InferenceResult(request_id=request.request_id, worker_id=self.worker_id, ok=False,
                                error=ErrorInfo(code=code, message=message), timings=Timings(**timings))  # fmt: skip
 
-    async def _publish_result(self, result: InferenceResult, give_up_at: float | None = None) -> None:
+    async def _publish_result(self, result: InferenceResult, reply_to: str | None,
+                              give_up_at: float | None = None) -> None:  # fmt: skip
         # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
         # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
         # unacknowledged: JetStream redelivers it and the result is published again then.
         stamped = result.timings.model_copy(update={"result_sent_at": time.time()})
         result = result.model_copy(update={"timings": stamped})
-        await publish_retrying(self.js, subjects.results(result.request_id), result.model_dump_json().encode(),
+        subject = subjects.result_subject(result.request_id, reply_to)
+        await publish_retrying(self.js, subject, result.model_dump_json().encode(),
                                headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
                                give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip
 
-    async def _already_answered(self, request_id: str) -> bool:
-        return await last_message(self.js, subjects.RESULTS_STREAM, subjects.results(request_id)) is not None
+    async def _already_answered(self, request: InferenceRequest) -> bool:
+        subject = subjects.result_lookup(request.request_id, request.reply_to)
+        return await last_message(self.js, subjects.RESULTS_STREAM, subject) is not None
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         letter = dead_letter("worker", msg.subject, reason, msg.data, msg.headers)
@@ -227,5 +231,5 @@ class RequestProcessor:
         if rid:  # the caller is waiting: answer with the reason instead of leaving it to time out
             error = InferenceResult(request_id=rid, worker_id=self.worker_id, ok=False,
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
-            await self._publish_result(error)
+            await self._publish_result(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost

@@ -27,6 +27,11 @@ class WorkerSettings(ServiceSettings):
     base_model: str = "smollm2-135m"
     model_path: Path | None = Field(None, description="base checkpoint dir; default $LPX_HOME/models/<base_model>")
     device: str = "auto"
+    # The engine: vLLM. "sim" is the simulated engine for fleet load tests only (no model loaded;
+    # answers name the applied adapter), with its rates below.
+    engine: Literal["vllm", "sim"] = "vllm"
+    sim_prefill_tok_s: float = Field(4000.0, gt=0)
+    sim_decode_tok_s: float = Field(50.0, gt=0, description="per sequence")
     # Engine tiers (vLLM): adapters batched at once, and adapters kept in host RAM.
     max_loras: int = 4
     max_cpu_loras: int = 16

@@ -34,7 +34,8 @@ class AdapterLease:
 
 
 class AdapterTiers:
-    def __init__(self, disk: DiskCache, engine, *, base_model: str, max_rank: int, max_loras: int) -> None:
+    def __init__(self, disk: DiskCache, engine, *, base_model: str, max_rank: int, max_loras: int,
+                 max_cpu_loras: int = 16) -> None:  # fmt: skip
         self.disk = disk
         self.engine = engine
         self.base_model = base_model
@@ -43,6 +44,13 @@ class AdapterTiers:
         # are the ones resident. We mirror that LRU to report the GPU tier.
         self._slots: OrderedDict[str, None] = OrderedDict()
         self._max_loras = max_loras
+        # The engine's host-RAM LoRA cache (vLLM: LRU of `max_cpu_loras`), mirrored here so that a
+        # request does not ask the engine: `list_loras` is an RPC to the engine core that waits behind
+        # the model step running (~100 ms under load, measured in bench_vs_vllm's stage timeline). Re-synced
+        # from the engine at every heartbeat (`resident`). A wrong guess costs nothing but the tier label:
+        # every request carries the adapter's path and vLLM loads it if it was evicted.
+        self._in_engine: OrderedDict[str, None] = OrderedDict()
+        self._max_cpu_loras = max_cpu_loras
 
     def check_compatible(self, ref: AdapterRef) -> None:
         if ref.base_model != self.base_model:
@@ -68,6 +76,7 @@ class AdapterTiers:
             self.disk.unpin(ref.digest)
             raise
         self._touch_slot(ref.digest)
+        self._touch_engine(ref.digest)
         return AdapterLease(spec, tier, time.monotonic() - started)
 
     def release(self, lease: AdapterLease) -> None:
@@ -81,6 +90,8 @@ class AdapterTiers:
     async def resident(self) -> dict[AdapterTier, list[str]]:
         loaded = await self.engine.loaded_adapters()
         in_engine = [d for d in self.disk.digests() if lora_int_id(d) in loaded]
+        for digest in [d for d in self._in_engine if lora_int_id(d) not in loaded]:
+            del self._in_engine[digest]  # evicted by the engine since: the mirror follows the truth
         slots = [d for d in reversed(self._slots) if d in in_engine]
         return {
             AdapterTier.GPU: slots,
@@ -89,7 +100,7 @@ class AdapterTiers:
         }
 
     async def _current_tier(self, ref: AdapterRef) -> AdapterTier:
-        if lora_int_id(ref.digest) in await self.engine.loaded_adapters():
+        if ref.digest in self._in_engine:
             return AdapterTier.GPU if ref.digest in self._slots else AdapterTier.CPU
         return AdapterTier.DISK if self.disk.contains(ref.digest) else AdapterTier.OBJECT_STORE
 
@@ -122,6 +133,12 @@ class AdapterTiers:
         except Exception as exc:
             raise AdapterUnavailable("adapter_load_failed", f"engine could not load adapter {spec.digest[:12]}: "
                                                             f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+
+    def _touch_engine(self, digest: str) -> None:
+        self._in_engine[digest] = None
+        self._in_engine.move_to_end(digest)
+        while len(self._in_engine) > self._max_cpu_loras:
+            self._in_engine.popitem(last=False)
 
     def _touch_slot(self, digest: str) -> None:
         self._slots[digest] = None

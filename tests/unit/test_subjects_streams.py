@@ -24,3 +24,15 @@ def test_unstored_subjects_are_refused():
         subjects.stream_of(subjects.RESOLVE)
     with pytest.raises(ValueError):
         subjects.stream_of("lpx.train")  # '>' needs at least one more token
+
+
+def test_per_gateway_result_and_token_subjects_are_stored_and_separate():
+    from libs.contracts import subjects
+
+    assert subjects.result_subject("r1", "gw-a") == "lpx.results.gw.gw-a.r1"
+    assert subjects.result_subject("r1", None) == subjects.results("r1")
+    assert subjects.token_subject("r1", "gw-a") == "lpx.tokens.gw.gw-a.r1"
+    assert subjects.stream_of(subjects.results_to("gw-a", "r1")) == subjects.RESULTS_STREAM
+    assert subjects._matches(subjects.results_to_filter("gw-a"), subjects.results_to("gw-a", "r1"))
+    assert not subjects._matches(subjects.results_to_filter("gw-b"), subjects.results_to("gw-a", "r1"))
+    assert subjects.worker_durable("p", "w1") == "w-p-w1"

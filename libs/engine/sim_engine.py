@@ -1,0 +1,134 @@
+"""A simulated engine for fleet load tests (`LPX_WORKER_ENGINE=sim`), like llm-d's inference simulator.
+
+It runs behind the same worker code as vLLM (tiers, downloads, digest checks, heartbeats, NATS) and
+answers in simulated time instead of running a model:
+
+- prefill at `prefill_tok_s` prompt tokens per second, then one token every 1/`decode_tok_s` seconds
+  per sequence, at most `max_num_seqs` sequences at once;
+- `max_loras` adapter slots: a sequence whose adapter holds no slot waits for one (vLLM's scheduler
+  does the same), and taking a slot costs the host-to-GPU copy of the adapter's bytes
+  (planner input `host_to_gpu_gb_s`);
+- a host-RAM cache of `max_cpu_loras` adapters, LRU: loading into it costs the adapter's bytes at the
+  planner's local-disk rate (`nvme_gb_s`);
+- the answer names the adapter the engine applied ("[sim adapter 1a2b3c4d5e6f] ...", or "[sim base]"),
+  so isolation stays checkable end to end: a wrong adapter shows in the text itself.
+
+Never the default: vLLM is the engine everywhere else. No model is loaded, so hundreds of simulated
+workers fit on one machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from libs.engine.base import AdapterSpec, EngineConfig, GenerationChunk, GenerationRequest
+from libs.planner.inputs import GB, PlanInputs
+
+_PLANNER = PlanInputs()
+
+
+class SimProfile(BaseModel):
+    """Rates of the simulated engine; tier bandwidths default to the capacity planner's inputs."""
+
+    prefill_tok_s: float = Field(4000.0, gt=0)
+    decode_tok_s: float = Field(50.0, gt=0, description="tokens per second per sequence")
+    host_to_gpu_gb_s: float = Field(_PLANNER.host_to_gpu_gb_s, gt=0)
+    nvme_gb_s: float = Field(_PLANNER.nvme_gb_s, gt=0)
+    chars_per_token: float = Field(4.0, gt=0)
+
+
+def simulated_text(digest: str | None, max_tokens: int) -> list[str]:
+    """The pieces of a simulated answer: one per token, naming the applied adapter first."""
+    head = f"[sim adapter {digest[:12]}]" if digest else "[sim base]"
+    return [head, *(f" t{i}" for i in range(1, max_tokens))][:max_tokens]
+
+
+def adapter_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+
+
+class SimEngine:
+    def __init__(self, config: EngineConfig, profile: SimProfile | None = None) -> None:
+        self.config = config
+        self.profile = profile or SimProfile()
+        self._seqs = asyncio.Semaphore(config.max_num_seqs)
+        self._host: OrderedDict[int, AdapterSpec] = OrderedDict()  # lora id -> adapter, LRU
+        self._slots: dict[int, int] = {}  # lora id -> sequences using the slot
+        self._slot_free = asyncio.Condition()
+        self._started = False
+        self.slot_loads = 0
+        self.host_loads = 0
+
+    async def start(self) -> None:
+        self._started = True
+
+    async def shutdown(self) -> None:
+        self._started = False
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if not self._started:
+            raise RuntimeError("engine not started")
+        prompt = request.prompt or "".join(m.get("content", "") for m in request.messages or [])
+        prompt_tokens = max(1, int(len(prompt) / self.profile.chars_per_token))
+        pieces = simulated_text(request.adapter.digest if request.adapter else None, request.max_tokens)
+        async with self._seqs, self._slot(request.adapter):
+            await asyncio.sleep(prompt_tokens / self.profile.prefill_tok_s)
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(1.0 / self.profile.decode_tok_s)
+                last = i == len(pieces) - 1
+                yield GenerationChunk(text=piece, token_ids=[i], finished=last,
+                                      finish_reason="length" if last else None, prompt_tokens=prompt_tokens,
+                                      completion_tokens=i + 1)  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, adapter: AdapterSpec | None):
+        if adapter is None:
+            yield
+            return
+        lora_id = adapter.lora_id
+        if lora_id not in self._host:
+            await self.add_adapter(adapter)
+        async with self._slot_free:
+            await self._slot_free.wait_for(lambda: lora_id in self._slots or len(self._slots) < self.config.max_loras)
+            loading = lora_id not in self._slots
+            self._slots[lora_id] = self._slots.get(lora_id, 0) + 1
+        if loading:
+            self.slot_loads += 1
+            await asyncio.sleep(adapter_bytes(adapter.path) / (self.profile.host_to_gpu_gb_s * GB))
+        try:
+            yield
+        finally:
+            async with self._slot_free:
+                self._slots[lora_id] -= 1
+                if not self._slots[lora_id]:
+                    del self._slots[lora_id]
+                self._slot_free.notify_all()
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None:
+        lora_id = adapter.lora_id
+        if lora_id in self._host:
+            self._host.move_to_end(lora_id)
+            return
+        if not (Path(adapter.path) / "adapter_config.json").is_file():
+            raise RuntimeError(f"no adapter at {adapter.path}")
+        self.host_loads += 1
+        await asyncio.sleep(adapter_bytes(adapter.path) / (self.profile.nvme_gb_s * GB))
+        self._host[lora_id] = adapter
+        while len(self._host) > self.config.max_cpu_loras:
+            self._host.popitem(last=False)
+
+    async def score(self, request: GenerationRequest, reference: str) -> list[float]:
+        raise NotImplementedError("the simulated engine does not score; the eval gate runs on vLLM")
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def loaded_adapters(self) -> set[int]:
+        return set(self._host)

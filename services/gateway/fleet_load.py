@@ -1,0 +1,62 @@
+"""Each worker's load as the whole pool sees it, for bounded-load routing across gateway replicas.
+
+A gateway alone knows only its own in-flight requests; with N replicas behind a load balancer the
+bounded-load guarantee would then hold per gateway, not for the pool. The workers' heartbeats carry
+their real load (requests in flight plus those routed to them and not yet taken, from every gateway),
+but only as of the heartbeat. So a worker's load here is:
+
+    heartbeat.in_flight + heartbeat.queued  (everyone's work, at heartbeat time ts)
+    + this gateway's requests sent to it after ts - this gateway's requests it answered after ts
+
+and never less than what this gateway alone has in flight there. What other gateways sent since the
+last heartbeat is the error: at most one heartbeat interval of their traffic (2 s by default), and
+`queued` is refreshed every 2 s by the worker. `ts` is the worker's clock: on one host exact, across
+hosts it carries their skew (keep clocks in sync, as for every timeout here).
+
+Chosen over a shared counter in NATS KV: a KV update per request and per answer would put two
+replicated writes on every request's path; the heartbeat costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping
+
+from libs.contracts import WorkerHeartbeat
+
+
+class FleetLoad:
+    def __init__(self, horizon_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.horizon_s = horizon_s
+        self._clock = clock
+        self._events: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+
+    def sent(self, worker: str) -> None:
+        self._record(worker, +1)
+
+    def answered(self, worker: str) -> None:
+        self._record(worker, -1)
+
+    def _record(self, worker: str, delta: int) -> None:
+        now = self._clock()
+        events = self._events[worker]
+        events.append((now, delta))
+        while events and now - events[0][0] > self.horizon_s:
+            events.popleft()
+
+    def since(self, worker: str, ts: float) -> int:
+        """This gateway's net change of `worker`'s load after `ts`."""
+        return sum(delta for at, delta in reversed(self._events.get(worker, ())) if at > ts)
+
+    def loads(self, workers: Iterable[str], beats: Mapping[str, WorkerHeartbeat],
+              local: Mapping[str, int]) -> dict[str, int]:  # fmt: skip
+        out = {}
+        for worker in workers:
+            own = local.get(worker, 0)
+            beat = beats.get(worker)
+            if beat is None:
+                out[worker] = own
+                continue
+            out[worker] = max(own, beat.in_flight + beat.queued + self.since(worker, beat.ts), 0)
+        return out

@@ -1,0 +1,53 @@
+"""The pool's load as a gateway replica sees it: heartbeats plus its own requests since."""
+
+from libs.contracts import WorkerHeartbeat
+from services.gateway.fleet_load import FleetLoad
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(worker: str, in_flight: int, queued: int, ts: float) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=worker, pool="p", base_model="b", max_rank=16, capacity=16,
+                           in_flight=in_flight, queued=queued, ts=ts)  # fmt: skip
+
+
+def test_other_gateways_work_counts_through_the_heartbeat():
+    fleet = FleetLoad(clock=Clock())
+    beats = {"w1": beat("w1", in_flight=7, queued=3, ts=99.0), "w2": beat("w2", in_flight=0, queued=0, ts=99.0)}
+    # This gateway has nothing in flight; another replica loaded w1 with 10.
+    assert fleet.loads(["w1", "w2"], beats, local={}) == {"w1": 10, "w2": 0}
+
+
+def test_own_requests_after_the_heartbeat_are_added_and_answers_subtracted():
+    clock = Clock(100.0)
+    fleet = FleetLoad(clock=clock)
+    fleet.sent("w1")  # at 100: before the heartbeat below, so already in its in_flight
+    clock.now = 101.0
+    beats = {"w1": beat("w1", in_flight=4, queued=0, ts=100.5)}
+    fleet.sent("w1")
+    fleet.sent("w1")
+    assert fleet.loads(["w1"], beats, local={"w1": 3}) == {"w1": 6}
+    fleet.answered("w1")  # the first one (counted by the heartbeat) finished
+    assert fleet.loads(["w1"], beats, local={"w1": 2}) == {"w1": 5}
+
+
+def test_without_a_heartbeat_or_below_own_count_the_local_count_is_the_floor():
+    fleet = FleetLoad(clock=Clock())
+    beats = {"w1": beat("w1", in_flight=0, queued=0, ts=50.0)}
+    assert fleet.loads(["w1", "w9"], beats, local={"w1": 2, "w9": 4}) == {"w1": 2, "w9": 4}
+
+
+def test_old_events_are_forgotten():
+    clock = Clock(0.0)
+    fleet = FleetLoad(horizon_s=10, clock=clock)
+    for _ in range(5):
+        fleet.sent("w1")
+    clock.now = 20.0
+    fleet.sent("w1")
+    assert fleet.since("w1", -1.0) == 1
