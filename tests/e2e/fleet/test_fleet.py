@@ -1,7 +1,7 @@
 """A small fleet as one system: 3 gateway processes, 8 simulated workers, 100 adapters pushed through
 the registry; Zipf traffic over async NATS submissions and HTTP; mid-run one gateway and a quarter of
 the workers are SIGKILLed. Every submission is answered exactly once, every answer comes from the
-adapter its alias resolved to, the dead workers' consumers are retired, and the load stayed bounded."""
+adapter its alias resolved to, and the dead workers' consumers are retired."""
 
 from __future__ import annotations
 
