@@ -65,10 +65,10 @@ def noise_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
 
 
 def tiny_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
-    """`count` distinct small random adapters (rank `rank` on q_proj only, ~1 MB each) on the base's
-    real shapes, for fleet tests where hundreds are pushed, downloaded and verified."""
-    recipe = LoraRecipe(rank=rank, target_modules=("q_proj",))
-    outs = {seed: _cache_dir("tiny", {"seed": seed, "rank": rank, "v": 1}) for seed in range(1000, 1000 + count)}
+    """`count` distinct small random adapters (rank `rank` on the first layer's q_proj, ~75 kB each) on
+    the base's real shapes, for fleet tests where hundreds are pushed, downloaded and verified."""
+    recipe = LoraRecipe(rank=rank, target_modules=("q_proj",), layers=(0,))
+    outs = {seed: _cache_dir("tiny", {"seed": seed, "rank": rank, "v": 2}) for seed in range(1000, 1000 + count)}
     missing = {seed: path for seed, path in outs.items() if not _valid(path)}
     if missing:
         for path in missing.values():

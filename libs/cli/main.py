@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import typer
 
-from libs.cli import dataset_cmds, demo, eval_cmds, model, plan, registry_cmds, simulate, stack, train_cmds
+from libs.cli import (
+    dataset_cmds,
+    demo,
+    eval_cmds,
+    fleet_cmds,
+    model,
+    plan,
+    registry_cmds,
+    simulate,
+    stack,
+    train_cmds,
+)
 
 app = typer.Typer(
     name="lpx",
@@ -17,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (stack, model, demo, plan, simulate, registry_cmds, eval_cmds, dataset_cmds, train_cmds):
+for module in (stack, model, demo, plan, simulate, registry_cmds, eval_cmds, dataset_cmds, train_cmds, fleet_cmds):
     module.register(app)
 
 

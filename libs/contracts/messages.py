@@ -171,6 +171,7 @@ class WorkerHeartbeat(Message):
     capacity: int
     in_flight: int
     queued: int = 0  # routed to this worker, not yet taken (its consumers' pending messages)
+    instance: str = ""  # one per worker process: tells a restart of this worker from another with its id
     adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
     ts: float = Field(default_factory=time.time)
 

@@ -29,6 +29,7 @@ class LoraRecipe:
     max_length: int = 256
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    layers: Sequence[int] | None = None  # None: every layer; else only these (small adapters for fleet tests)
 
 
 def _load_base(base_path: Path):
@@ -43,8 +44,10 @@ def _load_base(base_path: Path):
 def _peft_config(recipe: LoraRecipe):
     from peft import LoraConfig
 
+    layers = list(recipe.layers) if recipe.layers is not None else None
     return LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, target_modules=list(recipe.target_modules),
-                      lora_dropout=recipe.dropout, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+                      lora_dropout=recipe.dropout, bias="none", task_type="CAUSAL_LM",
+                      layers_to_transform=layers)  # fmt: skip
 
 
 def _seed_everything(seed: int) -> None:

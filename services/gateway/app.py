@@ -65,7 +65,8 @@ class Gateway:
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
                                      publish_retry_s=s.publish_retry_s, tracer=self.tracer,
-                                     gateway_id=s.gateway_id, load_signal=s.load_signal)  # fmt: skip
+                                     gateway_id=s.gateway_id, load_signal=s.load_signal,
+                                     routing_policy=s.routing_policy)  # fmt: skip
         # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)

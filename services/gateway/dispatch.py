@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from libs.broker import ConnectionState, publish_retrying
 from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, subjects
-from libs.routing import BoundedLoadRouter, RouteDecision
+from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors
 from services.gateway.errors import GatewayError
@@ -63,6 +63,26 @@ class Job:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+
+@dataclass
+class _LoadView:
+    """What the baseline policies (random, least_loaded, consistent_hash) observe: the workers' loads."""
+
+    loads: dict[str, int]
+    adapter_loads: dict[str, int] = field(default_factory=dict)
+    max_active_adapters: int = 0
+    max_running: int = 0
+
+    @property
+    def total_load(self) -> int:
+        return sum(self.loads.values())
+
+    def queued(self, worker: str) -> int:
+        return 0
+
+    def running(self, worker: str) -> int:
+        return self.loads.get(worker, 0)
 
 
 class DigestMismatch(GatewayError):
@@ -114,12 +134,15 @@ class Dispatcher:
     def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
                  hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
                  catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
-                 load_signal: str = "fleet") -> None:  # fmt: skip
+                 load_signal: str = "fleet", routing_policy: str = "bounded_load") -> None:  # fmt: skip
         self.nc, self.js = nc, js
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
         self.gateway_id = gateway_id
         self.load_signal = load_signal  # "fleet": heartbeats + own deltas; "local": this gateway's own counts
         self.fleet = FleetLoad()
+        # "bounded_load" (loraplex's router) everywhere; the others are baselines for the fleet benchmark.
+        self.routing_policy = routing_policy
+        self._policies: dict[tuple[str, str], tuple[tuple[str, ...], object]] = {}
         self.publish_retry_s = publish_retry_s
         self.catch_up_every_s = catch_up_every_s
         self.pools = pools
@@ -170,8 +193,19 @@ class Dispatcher:
         return known[1]
 
     def route(self, pool: str, workers: tuple[str, ...], token: str) -> RouteDecision:
-        router = self.router_for(pool, workers)
-        return router.route(token, self.worker_loads(workers), self.adapter_loads[pool])
+        loads = self.worker_loads(workers)
+        if self.routing_policy != "bounded_load":
+            return self._route_baseline(pool, workers, token, loads)
+        return self.router_for(pool, workers).route(token, loads, self.adapter_loads[pool])
+
+    def _route_baseline(self, pool: str, workers: tuple[str, ...], token: str, loads) -> RouteDecision:
+        key = (pool, self.routing_policy)
+        known = self._policies.get(key)
+        if known is None or known[0] != workers:
+            known = (workers, make_policy(self.routing_policy, workers, seed=0))
+            self._policies[key] = known
+        worker = known[1].choose(token, _LoadView(loads))
+        return RouteDecision(worker, affinity_hit=False, spilled=False, candidates_tried=1)
 
     def worker_loads(self, workers: tuple[str, ...]) -> dict[str, int]:
         """The load each worker is routed by: the pool's (heartbeats + own deltas) or this gateway's."""

@@ -27,6 +27,8 @@ class GatewaySettings(ServiceSettings):
     # Bounded-load routing by the pool's load (workers' heartbeats + this replica's requests since) or
     # by this replica's own in-flight counts only (one gateway, or for comparison).
     load_signal: Literal["fleet", "local"] = "fleet"
+    # loraplex's bounded-load adapter affinity; the others are baselines for benchmarks.
+    routing_policy: Literal["bounded_load", "random", "least_loaded", "consistent_hash"] = "bounded_load"
 
     host: str = "0.0.0.0"
     port: int = 8000

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 from libs.logs import setup_logging
 from services.worker.app import Worker
+from services.worker.heartbeat import WorkerIdInUse
 from services.worker.settings import WorkerSettings
 
 
@@ -16,7 +18,12 @@ async def serve(settings: WorkerSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     worker = Worker(settings)
-    await worker.start()
+    try:
+        await worker.start()
+    except WorkerIdInUse as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        await worker.close()
+        raise SystemExit(2) from None
     print(f"worker {settings.worker_id} ready (pool {settings.pool})", flush=True)
     try:
         await worker.run_until(stop)

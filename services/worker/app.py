@@ -105,13 +105,14 @@ class Worker:
                                buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)])  # fmt: skip
         self.nc = await self.link.connect()
         self.js = self.link.js
+        self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)
+        await self.heartbeat.claim()  # before taking the work subject of this id
         self.processor = RequestProcessor(worker_id=self.worker_id, nc=self.nc, js=self.js, engine=self.engine,
                                           tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s,
                                           admission=self.admission)  # fmt: skip
         self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
                                         subjects.worker_durable(s.pool, self.worker_id))  # fmt: skip
         self.shared = await self._consumer(subjects.infer_any_filter(s.pool), subjects.pool_durable(s.pool))
-        self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)
         self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
         self.heartbeat.start()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import uuid
 
 from nats.js.api import KeyValueConfig, StorageType
 
@@ -17,6 +19,10 @@ from libs.contracts import WorkerHeartbeat, subjects
 from libs.messaging import ensure_buckets
 
 log = logging.getLogger(__name__)
+
+
+class WorkerIdInUse(RuntimeError):
+    """Another live worker beats under this worker id: starting would take its work subject."""
 
 
 def heartbeat_bucket_config(ttl_s: float) -> KeyValueConfig:
@@ -29,15 +35,34 @@ class Heartbeater:
         self.worker = worker
         self.interval_s = interval_s
         self.config = heartbeat_bucket_config(ttl_s)
+        self.ttl_s = ttl_s
+        self.instance = uuid.uuid4().hex[:12]
         self.kv = None
         self.state = ConnectionState("heartbeats")
         self._task: asyncio.Task | None = None
+
+    async def claim(self) -> None:
+        """Refuse to start under a worker id that another live worker is beating under."""
+        w = self.worker
+        await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)
+        kv = await self.link.js.key_value(subjects.HEARTBEAT_BUCKET)
+        try:
+            other = WorkerHeartbeat.model_validate_json((await kv.get(w.worker_id)).value)
+        except Exception:  # noqa: BLE001 - no key (or a deleted / unreadable one): the id is free
+            return
+        age = time.time() - other.ts
+        if other.instance != self.instance and age < self.ttl_s:
+            raise WorkerIdInUse(
+                f"worker id {w.worker_id!r} is in use by another live worker (pool {other.pool}, last heartbeat "
+                f"{age:.1f}s ago); give this worker another LPX_WORKER_WORKER_ID, or if that worker is gone, "
+                f"start again after {self.ttl_s:.0f}s (its heartbeat expires)"
+            )
 
     async def beat(self) -> None:
         w = self.worker
         beat = WorkerHeartbeat(worker_id=w.worker_id, pool=w.settings.pool, base_model=w.settings.base_model,
                                max_rank=w.settings.max_lora_rank, capacity=w.settings.capacity,
-                               in_flight=w.in_flight, queued=w.own_pending,
+                               in_flight=w.in_flight, queued=w.own_pending, instance=self.instance,
                                adapters=await w.tiers.resident())  # fmt: skip
         if self.kv is None:
             await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)

@@ -239,3 +239,17 @@ async def test_prewarm_from_the_hot_list_loads_before_traffic(make_worker, clien
 def test_adapter_ref_is_content_addressed(tones):
     ref: AdapterRef = tones["pirate"].ref
     assert ref.object_key.endswith(f"{ref.digest}/") and ref.rank == 16
+
+
+async def test_a_second_worker_with_the_same_id_refuses_to_start(make_worker, client, engine, connections, tmp_path):
+    from services.worker.app import Worker
+    from services.worker.heartbeat import WorkerIdInUse
+    from tests.e2e.worker.conftest import worker_settings
+
+    await make_worker("w-dup")
+    twin = Worker(worker_settings(connections, tmp_path, "w-dup"), engine=engine)
+    with pytest.raises(WorkerIdInUse, match="in use by another live worker"):
+        await twin.start()
+    await twin.link.close()
+    rid = await client.send("w-dup", None, Q1, max_tokens=4)
+    assert (await client.wait([rid]))[rid].ok  # the first one still owns its subject and serves

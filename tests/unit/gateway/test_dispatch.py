@@ -171,3 +171,13 @@ async def test_streaming_events_end_with_the_checked_result():
     await d._on_result(result("r1", REF.digest))  # full text "ahoy": the missing "y" comes last
     events = [e async for e in d.events(job, time.time() + 5)]
     assert events[:-1] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
+
+
+def test_baseline_policies_route_by_the_same_loads():
+    d, _js, _pools, _reader = make(("w1", "w2", "w3"))
+    d.routing_policy = "least_loaded"
+    d.loads.update({"w1": 3, "w2": 0, "w3": 5})
+    assert d.route("p", ("w1", "w2", "w3"), "a" * 64).worker == "w2"
+    d.routing_policy = "random"
+    chosen = {d.route("p", ("w1", "w2", "w3"), f"adapter-{i}").worker for i in range(50)}
+    assert chosen == {"w1", "w2", "w3"}

@@ -1,0 +1,341 @@
+"""Fleet benchmark: many gateways and simulated workers as one system, measured against the routing
+simulator's prediction for the same configuration.
+
+Real parts: a local stack (NATS, PostgreSQL, S3), the registry in-process with a tenant and `--adapters`
+small rank-16 adapters on SmolLM2's real shapes (first layer's q_proj) pushed through it and activated,
+`--gateways` gateway processes and `--workers` worker processes on the simulated engine
+(LPX_WORKER_ENGINE=sim: the real worker code, tiers, downloads, digest checks, slots, heartbeats; no
+model). Traffic: the simulator's own seeded stream (Poisson arrivals, Zipf popularity with the top
+`--top-k` adapters carrying `--top-share`), sent as async NATS submissions spread over the gateways'
+shared submission consumer; the first `--warmup` seconds are not measured.
+
+Per routing policy (a fresh fleet each, empty caches): adapter loads per 1k requests (engine host-cache
+loads + cold loads from disk or S3), slot hit rate, max/mean in-flight load at assignment, bound
+violations (load after assignment > ceil(c x (total + 1) / n), reconstructed from every request's
+assignment and result times), p50/p99 latency; beside each, the simulator's prediction for the same
+configuration and the ratio measured / predicted. Then a fault run: mid-run one gateway and a quarter of
+the workers are SIGKILLed; every submission must be answered exactly once. JSON and a plot in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx  # noqa: E402
+
+from libs.contracts import AdapterTier, InferenceResult, subjects  # noqa: E402
+from libs.fleet import Fleet, FleetSpec  # noqa: E402
+from libs.models.bootstrap import fetch  # noqa: E402
+from libs.routing import DEFAULT_BALANCE_FACTOR, load_bound  # noqa: E402
+from libs.settings import ConnectionSettings  # noqa: E402
+from libs.simulator.config import SimConfig  # noqa: E402
+from libs.simulator.runner import run_comparison  # noqa: E402
+from libs.simulator.traffic import make_traffic  # noqa: E402
+from libs.stack import Stack, StackConfig  # noqa: E402
+
+BASE = "smollm2-135m"
+TENANT = "fleet"
+
+
+# --- setup ------------------------------------------------------------------------------------------
+def make_adapters(base: Path, root: Path, count: int) -> list[Path]:
+    from libs.lora.train import LoraRecipe, random_adapters
+
+    outs = {1000 + i: root / f"a{i:04d}" for i in range(count)}
+    random_adapters(base, outs, LoraRecipe(rank=16, target_modules=("q_proj",), layers=(0,)), scale=0.05)
+    return list(outs.values())
+
+
+async def setup_registry(connections: ConnectionSettings, adapters: list[Path]):
+    """The registry in-process, a tenant, every adapter pushed and activated (admin override: the eval
+    gate is not what this benchmark measures). Returns (api key, alias -> digest, lifespan)."""
+    import asyncpg
+
+    from services.registry.api import create_app
+    from services.registry.settings import RegistrySettings
+
+    name = "lpx_bench_fleet"
+    conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + name
+    app = create_app(RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token="b"))
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    slots = asyncio.Semaphore(4)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
+                                 headers={"Authorization": "Bearer b"}) as admin:  # fmt: skip
+        key = (await admin.post("/v1/tenants", json={"name": TENANT})).raise_for_status().json()["api_key"]
+
+        async def push(i: int, path: Path) -> tuple[str, str]:
+            alias = f"a{i:04d}"
+            files = [("files", (f.name, f.read_bytes(), "application/octet-stream"))
+                     for f in sorted(path.iterdir()) if f.is_file()]  # fmt: skip
+            async with slots:
+                reply = await admin.post("/v1/adapters", files=files,
+                                         data={"tenant": TENANT, "adapter": alias, "base_model": BASE})  # fmt: skip
+                version = reply.raise_for_status().json()["version"]
+                url = f"/v1/tenants/{TENANT}/adapters/{alias}/versions/{version['number']}/activate"
+                (await admin.post(url, json={"actor": "bench", "reason": "bench_fleet"})).raise_for_status()
+            return alias, version["digest"]
+
+        aliases = dict(await asyncio.gather(*(push(i, p) for i, p in enumerate(adapters))))
+    return key, aliases, lifespan
+
+
+# --- traffic ----------------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    alias: str
+    measured: bool
+    result: InferenceResult | None = None
+    latency_s: float = 0.0
+    rid: str = ""
+
+
+async def drive(client, key: str, stream, aliases: list[str], args, on_tick=None) -> list[Sample]:
+    """Send the stream at its arrival times (async submissions); gather every result."""
+    samples, waits = [], []
+    started = time.monotonic()
+
+    async def one(sample: Sample) -> None:
+        sent = time.monotonic()
+        rid = await client.submit(sample.alias, messages=[{"role": "user", "content": "hello"}],
+                                  max_tokens=args.tokens, api_key=key, timeout_s=300)  # fmt: skip
+        sample.result = await client.result(rid, timeout=300)
+        sample.latency_s = time.monotonic() - sent
+        sample.rid = rid
+
+    for at, rank in zip(stream.arrival_s, stream.adapter_rank, strict=True):
+        delay = at - (time.monotonic() - started)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if on_tick is not None:
+            on_tick(at)
+        sample = Sample(aliases[rank], measured=at >= args.warmup)
+        samples.append(sample)
+        waits.append(asyncio.create_task(one(sample)))
+    await asyncio.gather(*waits)
+    return samples
+
+
+# --- analysis ---------------------------------------------------------------------------------------
+def assignment_loads(samples: list[Sample], workers: int, c: float) -> dict:
+    """Each worker's in-flight load at every measured assignment, from the requests' own stamps:
+    assigned at the gateway (fetched_at - queue_s), done when the worker published the result."""
+    spans = defaultdict(list)  # worker -> [(assigned, done)]
+    for s in samples:
+        t = s.result.timings
+        if s.result.ok and t.fetched_at and t.result_sent_at:
+            spans[s.result.worker_id].append((t.fetched_at - t.queue_s, t.result_sent_at))
+    every = [(a, d) for lst in spans.values() for a, d in lst]
+    ratios, violations, assignments = [], 0, 0
+    for s in samples:
+        t = s.result.timings
+        if not (s.measured and s.result.ok and t.fetched_at):
+            continue
+        at = t.fetched_at - t.queue_s
+        mine = sum(1 for a, d in spans[s.result.worker_id] if a < at < d)
+        total = sum(1 for a, d in every if a < at < d)
+        after = mine + 1
+        violations += after > load_bound(total, workers, c)
+        ratios.append(after * workers / (total + 1))
+        assignments += 1
+    return {"assignments": assignments, "bound_violations": violations,
+            "assigned_load_ratio_max": max(ratios, default=0.0),
+            "assigned_load_ratio_p99": _pct(ratios, 99)}  # fmt: skip
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(math.ceil(q / 100 * len(ordered))) - 1)]
+
+
+def summarise(samples: list[Sample], workers: int, c: float) -> dict:
+    measured = [s for s in samples if s.measured]
+    n = len(measured)
+    tiers = [s.result.adapter_tier for s in measured if s.result.ok]
+    per_1k = 1000.0 / n if n else 0.0
+    cold = sum(t in (AdapterTier.DISK, AdapterTier.OBJECT_STORE) for t in tiers)
+    host = sum(t == AdapterTier.CPU for t in tiers)
+    latencies = [s.latency_s for s in measured if s.result.ok]
+    return {"requests": n, "errors": sum(not s.result.ok for s in measured),
+            "loads_per_1000": (cold + host) * per_1k, "cold_loads_per_1000": cold * per_1k,
+            "slot_hit_rate": sum(t == AdapterTier.GPU for t in tiers) / n if n else 0.0,
+            "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
+            "latency_p99_s": _pct(latencies, 99), **assignment_loads(samples, workers, c)}  # fmt: skip
+
+
+def predict(args, policies: list[str], spec: FleetSpec) -> dict[str, dict]:
+    """The routing simulator on the same configuration and the same seeded traffic."""
+    config = SimConfig(adapters=args.adapters, top_k=args.top_k, top_share=args.top_share,
+                       requests_per_s=args.rate, duration_s=args.duration, warmup_s=args.warmup,
+                       output_tokens=args.tokens, replicas=args.workers, engine_slots=spec.max_loras,
+                       host_cache_adapters=spec.max_cpu_loras, tok_s_per_replica=spec.capacity * spec.decode_tok_s,
+                       max_running=spec.capacity, mixed_adapter_overhead=0.0, fetch_s_min=0.02, fetch_s_max=0.08,
+                       seed=args.seed)  # fmt: skip
+    return run_comparison(config, policies, storm=False).steady
+
+
+# --- runs -------------------------------------------------------------------------------------------
+async def run_policy(stack, state: Path, key: str, aliases: list[str], stream, args, policy: str,
+                     faults: bool = False) -> tuple[dict, list[Sample]]:  # fmt: skip
+    from libs.client import LoraplexClient
+
+    spec = FleetSpec(routing_policy=policy, decode_tok_s=args.decode_tok_s)
+    fleet = Fleet(env_file=stack.env_file, state=state / f"{policy}{'-faults' if faults else ''}", spec=spec)
+    fleet.up(args.gateways, args.workers)
+    killed: dict = {}
+    try:
+        await fleet.wait_ready(args.workers)
+
+        def maybe_kill(at: float) -> None:
+            if faults and not killed and at >= args.warmup + args.duration / 2:
+                fleet.kill(fleet.gateways["gw-0"][0])
+                for i in range(args.workers // 4):
+                    fleet.kill(fleet.workers[f"sim-{i}"])
+                killed["at"] = at
+
+        connections = ConnectionSettings.load(stack.env_file)
+        async with LoraplexClient(connections.nats_url) as client:
+            samples = await drive(client, key, stream, aliases, args, on_tick=maybe_kill)
+            summary = summarise(samples, args.workers, DEFAULT_BALANCE_FACTOR)
+            if faults:
+                summary.update(await exactly_once(client, samples))
+    finally:
+        fleet.stop()
+    return summary, samples
+
+
+async def exactly_once(client, samples: list[Sample]) -> dict:
+    """Lost: no ok answer. Duplicated: more than one stored answer for one submission."""
+    info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=f"{subjects.PREFIX}.results.*")
+    counts = info.state.subjects or {}
+    lost = sum(not s.result.ok for s in samples)
+    duplicated = sum(counts.get(subjects.results(s.rid), 0) > 1 for s in samples)
+    return {"submissions": len(samples), "lost": lost, "duplicated": duplicated}
+
+
+async def main_async(args) -> dict:
+    base = fetch(BASE).path
+    state = Path(tempfile.mkdtemp(prefix="lpx-bench-fleet-"))
+    os.chmod(state, 0o755)
+    adapters = make_adapters(base, state / "adapters", args.adapters)
+    stack = Stack(StackConfig(dir=state / "stack"))
+    stack.up()
+    lifespan = None
+    try:
+        key, digests, lifespan = await setup_registry(ConnectionSettings.load(stack.env_file), adapters)
+        aliases = sorted(digests)
+        stream = make_traffic(args.adapters, args.top_k, args.top_share, args.rate, args.warmup + args.duration,
+                              args.seed)  # fmt: skip
+        print(f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
+              f"{args.gateways} gateways", flush=True)  # fmt: skip
+        measured = {}
+        for policy in args.policies:
+            measured[policy], _ = await run_policy(stack, state, key, aliases, stream, args, policy)
+            print(f"  measured {policy}", flush=True)
+        faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
+        predicted = predict(args, args.policies, FleetSpec(decode_tok_s=args.decode_tok_s))
+    finally:
+        if lifespan is not None:
+            await lifespan.__aexit__(None, None, None)
+        stack.purge()
+    return {"config": vars(args) | {"out": str(args.out)}, "measured": measured, "predicted": predicted,
+            "faults": faults}  # fmt: skip
+
+
+# --- report -----------------------------------------------------------------------------------------
+FIGURES = (("loads_per_1000", "loads/1k", "{:.1f}"), ("slot_hit_rate", "slot hits", "{:.2f}"),
+           ("assigned_load_ratio_max", "max/mean", "{:.2f}"), ("bound_violations", "bound viol.", "{:.0f}"),
+           ("latency_p50_s", "p50 s", "{:.2f}"), ("latency_p99_s", "p99 s", "{:.2f}"))  # fmt: skip
+
+
+def render(report: dict, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    c = report["config"]
+    table = Table(title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
+                        f"adapters, {c['rate']} req/s Zipf (measured | simulator | ratio)")  # fmt: skip
+    table.add_column("policy")
+    for _, label, _fmt in FIGURES:
+        table.add_column(label, justify="right")
+    for policy, m in report["measured"].items():
+        p = report["predicted"].get(policy, {})
+        cells = []
+        for key, _label, fmt in FIGURES:
+            ratio = m[key] / p[key] if p.get(key) else float("nan")
+            cells.append(f"{fmt.format(m[key])} | {fmt.format(p.get(key, float('nan')))} | {ratio:.2f}")
+        table.add_row(policy, *cells)
+    console.print(table)
+    f = report["faults"]
+    console.print(f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
+                  f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fleet.json").write_text(json.dumps(report, indent=2, default=str))
+    _plot(report, out / "fleet.png")
+    console.print(f"wrote {out / 'fleet.json'} and {out / 'fleet.png'}")
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(report["measured"])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (key, label, _fmt) in zip(axes, FIGURES[:3], strict=True):
+        xs = range(len(policies))
+        ax.bar([x - 0.2 for x in xs], [report["measured"][p][key] for p in policies], 0.4, label="measured")
+        ax.bar([x + 0.2 for x in xs], [report["predicted"].get(p, {}).get(key, 0) for p in policies], 0.4,
+               label="simulator")  # fmt: skip
+        ax.set_xticks(list(xs), policies, fontsize=8)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--gateways", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--adapters", type=int, default=500)
+    parser.add_argument("--rate", type=float, default=30.0, help="requests per second (Poisson)")
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=20.0, help="seconds sent before measuring")
+    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    parser.add_argument("--decode-tok-s", type=float, default=16.0, help="simulated decode rate per sequence")
+    parser.add_argument("--top-k", type=int, default=25, help="the most popular adapters ...")
+    parser.add_argument("--top-share", type=float, default=0.8, help="... carry this share of the requests")
+    parser.add_argument("--policies", nargs="*", default=["bounded_load", "random"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    render(asyncio.run(main_async(args)), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
