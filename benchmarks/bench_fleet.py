@@ -229,9 +229,10 @@ async def exactly_once(client, samples: list[Sample]) -> dict:
     """Lost: no ok answer. Duplicated: more than one stored answer for one submission."""
     info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=f"{subjects.PREFIX}.results.*")
     counts = info.state.subjects or {}
-    lost = sum(not s.result.ok for s in samples)
+    lost = [s for s in samples if not s.result.ok]
     duplicated = sum(counts.get(subjects.results(s.rid), 0) > 1 for s in samples)
-    return {"submissions": len(samples), "lost": lost, "duplicated": duplicated}
+    reasons = sorted({f"{s.result.error.code}: {s.result.error.message}" for s in lost if s.result.error})
+    return {"submissions": len(samples), "lost": len(lost), "duplicated": duplicated, "lost_reasons": reasons[:5]}
 
 
 async def main_async(args) -> dict:
@@ -249,12 +250,13 @@ async def main_async(args) -> dict:
                               args.seed)  # fmt: skip
         print(f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
               f"{args.gateways} gateways", flush=True)  # fmt: skip
-        measured = {}
+        measured, faults = {}, {}
         for policy in args.policies:
             measured[policy], _ = await run_policy(stack, state, key, aliases, stream, args, policy)
             print(f"  measured {policy}", flush=True)
-        faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
-        predicted = predict(args, args.policies, FleetSpec(decode_tok_s=args.decode_tok_s))
+        if args.faults:
+            faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
+        predicted = predict(args, args.policies, FleetSpec(decode_tok_s=args.decode_tok_s)) if args.policies else {}
     finally:
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
@@ -289,8 +291,10 @@ def render(report: dict, out: Path) -> None:
         table.add_row(policy, *cells)
     console.print(table)
     f = report["faults"]
-    console.print(f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
-                  f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}")  # fmt: skip
+    if f:
+        console.print(f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
+                      f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}"
+                      + "".join(f"\n  lost: {reason}" for reason in f["lost_reasons"]))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps(report, indent=2, default=str))
     _plot(report, out / "fleet.png")
@@ -332,7 +336,11 @@ def main() -> int:
     parser.add_argument("--top-share", type=float, default=0.8, help="... carry this share of the requests")
     parser.add_argument("--policies", nargs="*", default=["bounded_load", "random"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-faults", dest="faults", action="store_false", help="skip the fault run")
     args = parser.parse_args()
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
     render(asyncio.run(main_async(args)), args.out)
     return 0
 

@@ -27,6 +27,7 @@ __all__ = [
     "InferenceResult",
     "AdapterTier",
     "WorkerHeartbeat",
+    "WorkerLoad",
     "AdapterEventKind",
     "AdapterEvent",
     "EvaluationResult",
@@ -173,6 +174,16 @@ class WorkerHeartbeat(Message):
     queued: int = 0  # routed to this worker, not yet taken (its consumers' pending messages)
     instance: str = ""  # one per worker process: tells a restart of this worker from another with its id
     adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
+    ts: float = Field(default_factory=time.time)
+
+
+class WorkerLoad(Message):
+    """A worker's in-flight count, published (core NATS) whenever it changes: the gateways' bounded-load
+    routing sees the pool's real load within milliseconds instead of one heartbeat interval."""
+
+    worker_id: str
+    pool: str
+    in_flight: int
     ts: float = Field(default_factory=time.time)
 
 

@@ -101,6 +101,14 @@ def infer_any_filter(pool: str) -> str:
     return f"{PREFIX}.infer.{token(pool)}.{ANY_WORKER}.>"
 
 
+# Each worker's in-flight count on every change (core NATS, not stored): see WorkerLoad.
+WORKER_LOAD_ALL = f"{PREFIX}.load.>"
+
+
+def worker_load(pool: str, worker: str) -> str:
+    return f"{PREFIX}.load.{token(pool)}.{token(worker)}"
+
+
 def prewarm(pool: str) -> str:
     """Control subject: pre-warm the given adapters on every worker of the pool (core NATS)."""
     return f"{PREFIX}.control.{token(pool)}.prewarm"

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from libs.broker import ConnectionState, publish_retrying
-from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, subjects
+from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, WorkerLoad, subjects
 from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors
@@ -163,7 +163,8 @@ class Dispatcher:
         if self.gateway_id:
             results, tokens = subjects.results_to_filter(self.gateway_id), subjects.tokens_to_filter(self.gateway_id)
         self._subs = [await self.nc.subscribe(results, cb=self._on_result),
-                      await self.nc.subscribe(tokens, cb=self._on_token)]  # fmt: skip
+                      await self.nc.subscribe(tokens, cb=self._on_token),
+                      await self.nc.subscribe(subjects.WORKER_LOAD_ALL, cb=self._on_load)]  # fmt: skip
         await self.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep(), name="results-catch-up")
 
@@ -233,7 +234,7 @@ class Dispatcher:
         self._track(job)
         try:
             job.publish_started_at = time.time()
-            await self.publish(job, subjects.infer(job.pool, job.worker, token), request.request_id)
+            await self.publish(job, subjects.infer(job.pool, job.worker, token), self._msg_id(request.request_id))
             job.published_at = time.time()
         except Exception as exc:
             self._release(job)
@@ -242,6 +243,12 @@ class Dispatcher:
         self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": decision.affinity_hit,
                                      "spilled": decision.spilled})  # fmt: skip
         return job
+
+    def _msg_id(self, request_id: str) -> str:
+        """Nats-Msg-Id of a first dispatch: this gateway's retries are stored once, but another gateway
+        dispatching the same request id (a submission redelivered after its first gateway died) is not
+        mistaken for a duplicate and dropped by JetStream (its answer would never come)."""
+        return f"{request_id}@{self.gateway_id}" if self.gateway_id else request_id
 
     async def publish(self, job: Job, subject: str, msg_id: str) -> None:
         with self.tracer.start_as_current_span("gateway.publish", context=job.trace_context,
@@ -334,6 +341,13 @@ class Dispatcher:
         self._release(job)
         job.future.set_result(result)
         return True
+
+    async def _on_load(self, msg) -> None:
+        try:
+            load = WorkerLoad.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        self.fleet.reported(load.worker_id, load.in_flight, load.ts)
 
     async def _on_token(self, msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]

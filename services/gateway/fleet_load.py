@@ -8,9 +8,11 @@ but only as of the heartbeat. So a worker's load here is:
     heartbeat.in_flight + heartbeat.queued  (everyone's work, at heartbeat time ts)
     + this gateway's requests sent to it after ts - this gateway's requests it answered after ts
 
-and never less than what this gateway alone has in flight there. What other gateways sent since the
-last heartbeat is the error: at most one heartbeat interval of their traffic (2 s by default), and
-`queued` is refreshed every 2 s by the worker. `ts` is the worker's clock: on one host exact, across
+and never less than what this gateway alone has in flight there. Workers also publish their in-flight
+count on every change (WorkerLoad, core NATS): when that is fresher than the heartbeat it is the base
+instead (`queued` is then left out: what is routed and not yet taken is milliseconds of transit). The
+error is what other gateways sent in the last few milliseconds (or since the last heartbeat if the
+load messages are lost: they are not stored). `ts` is the worker's clock: on one host exact, across
 hosts it carries their skew (keep clocks in sync, as for every timeout here).
 
 Chosen over a shared counter in NATS KV: a KV update per request and per answer would put two
@@ -31,6 +33,13 @@ class FleetLoad:
         self.horizon_s = horizon_s
         self._clock = clock
         self._events: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._reported: dict[str, tuple[int, float]] = {}  # worker -> (in_flight, ts) of its last WorkerLoad
+
+    def reported(self, worker: str, in_flight: int, ts: float) -> None:
+        """A WorkerLoad message: the worker's own count at `ts` (older ones arriving late are ignored)."""
+        known = self._reported.get(worker)
+        if known is None or ts >= known[1]:
+            self._reported[worker] = (in_flight, ts)
 
     def sent(self, worker: str) -> None:
         self._record(worker, +1)
@@ -54,9 +63,13 @@ class FleetLoad:
         out = {}
         for worker in workers:
             own = local.get(worker, 0)
-            beat = beats.get(worker)
-            if beat is None:
+            beat, reported = beats.get(worker), self._reported.get(worker)
+            if reported is not None and (beat is None or reported[1] > beat.ts):
+                base, ts = reported
+            elif beat is not None:
+                base, ts = beat.in_flight + beat.queued, beat.ts
+            else:
                 out[worker] = own
                 continue
-            out[worker] = max(own, beat.in_flight + beat.queued + self.since(worker, beat.ts), 0)
+            out[worker] = max(own, base + self.since(worker, ts), 0)
         return out

@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from libs.broker import BrokerLink, ConnectionState, is_transient
-from libs.contracts import PrewarmCommand, subjects
+from libs.contracts import PrewarmCommand, WorkerLoad, subjects
 from libs.engine import EngineConfig, create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
@@ -174,8 +174,16 @@ class Worker:
                 continue
             state.ok()
             self.capacity.take(len(msgs))
+            await self._report_load()
             for msg in msgs:
                 self._spawn(msg)
+
+    async def _report_load(self) -> None:
+        """Tell the gateways this worker's in-flight count now (core NATS, fire and forget)."""
+        load = WorkerLoad(worker_id=self.worker_id, pool=self.settings.pool, in_flight=self.in_flight)
+        with contextlib.suppress(Exception):  # best effort: the heartbeat carries it too
+            await self.nc.publish(subjects.worker_load(self.settings.pool, self.worker_id),
+                                  load.model_dump_json().encode())  # fmt: skip
 
     async def _recreate_consumers(self) -> None:
         """Connected but a fetch failed: the consumer may be gone (a gateway retired it while this worker
@@ -203,6 +211,7 @@ class Worker:
         finally:
             self.metrics.in_flight.add(-1)
             await self.capacity.give_back(1)
+            await self._report_load()
             self._token_window.append((time.monotonic(), self.processor.generated_tokens))
 
     async def _hand_off_backlog(self) -> int:

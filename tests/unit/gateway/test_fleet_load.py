@@ -51,3 +51,15 @@ def test_old_events_are_forgotten():
     clock.now = 20.0
     fleet.sent("w1")
     assert fleet.since("w1", -1.0) == 1
+
+
+def test_a_fresher_load_report_replaces_the_heartbeat_as_the_base():
+    clock = Clock(100.0)
+    fleet = FleetLoad(clock=clock)
+    beats = {"w1": beat("w1", in_flight=2, queued=1, ts=99.0)}
+    fleet.reported("w1", in_flight=9, ts=99.5)  # another gateway loaded it since the heartbeat
+    assert fleet.loads(["w1"], beats, local={}) == {"w1": 9}
+    fleet.sent("w1")  # ours, after the report
+    assert fleet.loads(["w1"], beats, local={"w1": 1}) == {"w1": 10}
+    fleet.reported("w1", in_flight=1, ts=99.2)  # a late, older report changes nothing
+    assert fleet.loads(["w1"], beats, local={"w1": 1}) == {"w1": 10}
