@@ -35,8 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
-
+from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
 from libs.contracts import AdapterTier, InferenceResult, subjects  # noqa: E402
 from libs.fleet import Fleet, FleetSpec  # noqa: E402
 from libs.models.bootstrap import fetch  # noqa: E402
@@ -63,32 +62,15 @@ def make_adapters(base: Path, root: Path, count: int) -> list[Path]:
 async def setup_registry(connections: ConnectionSettings, adapters: list[Path]):
     """The registry in-process, a tenant, every adapter pushed and activated (admin override: the eval
     gate is not what this benchmark measures). Returns (api key, alias -> digest, lifespan)."""
-    import asyncpg
-
-    from services.registry.api import create_app
-    from services.registry.settings import RegistrySettings
-
-    name = "lpx_bench_fleet"
-    conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + name
-    app = create_app(RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token="b"))
-    lifespan = app.router.lifespan_context(app)
-    await lifespan.__aenter__()
+    app, lifespan = await start_registry(connections, "lpx_bench_fleet")
     slots = asyncio.Semaphore(4)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
-                                 headers={"Authorization": "Bearer b"}) as admin:  # fmt: skip
+    async with admin_client(app) as admin:
         key = (await admin.post("/v1/tenants", json={"name": TENANT})).raise_for_status().json()["api_key"]
 
         async def push(i: int, path: Path) -> tuple[str, str]:
             alias = f"a{i:04d}"
-            files = [("files", (f.name, f.read_bytes(), "application/octet-stream"))
-                     for f in sorted(path.iterdir()) if f.is_file()]  # fmt: skip
             async with slots:
-                reply = await admin.post("/v1/adapters", files=files,
+                reply = await admin.post("/v1/adapters", files=adapter_files(path),
                                          data={"tenant": TENANT, "adapter": alias, "base_model": BASE})  # fmt: skip
                 version = reply.raise_for_status().json()["version"]
                 url = f"/v1/tenants/{TENANT}/adapters/{alias}/versions/{version['number']}/activate"

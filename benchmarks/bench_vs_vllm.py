@@ -41,6 +41,7 @@ import re  # noqa: E402
 import httpx  # noqa: E402
 
 from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
+from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
 from libs.models.bootstrap import fetch  # noqa: E402
 from libs.settings import ConnectionSettings  # noqa: E402
 from libs.stack import Stack, StackConfig  # noqa: E402
@@ -62,29 +63,12 @@ def make_adapters(base: Path, root: Path) -> dict[str, Path]:
 
 async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Path]):
     """The registry in-process: a tenant whose aliases a0..a5 are the same adapter files vllm serve loads."""
-    import asyncpg
-
-    from services.registry.api import create_app
-    from services.registry.settings import RegistrySettings
-
-    name = "lpx_bench_vs_vllm"
-    conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + name
-    app = create_app(RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token="b"))
-    lifespan = app.router.lifespan_context(app)
-    await lifespan.__aenter__()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
-                                 headers={"Authorization": "Bearer b"}) as admin:  # fmt: skip
+    app, lifespan = await start_registry(connections, "lpx_bench_vs_vllm")
+    async with admin_client(app) as admin:
         key = (await admin.post("/v1/tenants", json={"name": "bench"})).raise_for_status().json()["api_key"]
         for adapter, path in adapters.items():
-            files = [("files", (f.name, f.read_bytes(), "application/octet-stream"))
-                     for f in sorted(path.iterdir()) if f.is_file()]  # fmt: skip
             form = {"tenant": "bench", "adapter": adapter, "base_model": BASE}
-            reply = await admin.post("/v1/adapters", data=form, files=files)
+            reply = await admin.post("/v1/adapters", data=form, files=adapter_files(path))
             number = reply.raise_for_status().json()["version"]["number"]
             url = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
             (await admin.post(url, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()

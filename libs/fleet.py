@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from libs.stack.launcher import process_alive as alive
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -137,16 +139,6 @@ def save(fleet: Fleet, path: Path) -> None:
     record = {"gateways": {g: {"pid": p.pid, "url": url} for g, (p, url) in fleet.gateways.items()},
               "workers": {w: {"pid": p.pid} for w, p in fleet.workers.items()}, "state": str(fleet.state)}  # fmt: skip
     path.write_text(json.dumps(record, indent=2))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stop_recorded(path: Path, timeout_s: float = 30) -> int:

@@ -54,8 +54,12 @@ def tone_adapter(base_path: Path, tone: str, steps: int = 12) -> Path:
 
 def noise_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
     """`count` distinct random adapters (deterministic per seed), for churn and capacity tests."""
-    recipe = LoraRecipe(rank=rank)
-    outs = {seed: _cache_dir("noise", {"seed": seed, "rank": rank, "v": 1}) for seed in range(100, 100 + count)}
+    return _random_set("noise", LoraRecipe(rank=rank), range(100, 100 + count), {"rank": rank, "v": 1}, base_path)
+
+
+def _random_set(kind: str, recipe: LoraRecipe, seeds, spec: dict, base_path: Path) -> list[Path]:
+    """Random adapters, one per seed, cached under test-artifacts by `kind` + `spec` + seed."""
+    outs = {seed: _cache_dir(kind, {"seed": seed, **spec}) for seed in seeds}
     missing = {seed: path for seed, path in outs.items() if not _valid(path)}
     if missing:
         for path in missing.values():
@@ -68,10 +72,4 @@ def tiny_adapters(base_path: Path, count: int, rank: int = 16) -> list[Path]:
     """`count` distinct small random adapters (rank `rank` on the first layer's q_proj, ~75 kB each) on
     the base's real shapes, for fleet tests where hundreds are pushed, downloaded and verified."""
     recipe = LoraRecipe(rank=rank, target_modules=("q_proj",), layers=(0,))
-    outs = {seed: _cache_dir("tiny", {"seed": seed, "rank": rank, "v": 2}) for seed in range(1000, 1000 + count)}
-    missing = {seed: path for seed, path in outs.items() if not _valid(path)}
-    if missing:
-        for path in missing.values():
-            shutil.rmtree(path, ignore_errors=True)
-        random_adapters(base_path, missing, recipe, scale=0.05)
-    return list(outs.values())
+    return _random_set("tiny", recipe, range(1000, 1000 + count), {"rank": rank, "v": 2}, base_path)

@@ -180,7 +180,7 @@ class Stack:
             return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        procs.wait_until(lambda: not _alive(pid), 10)
+        procs.wait_until(lambda: not process_alive(pid), 10)
         for server in self._servers(state):
             if server.name == name:
                 server.after_stop()  # e.g. weed's leftover sockets, which would block its restart
@@ -324,7 +324,7 @@ class Stack:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,0 +1,42 @@
+"""The registry in-process for benchmarks: a fresh database on the stack's PostgreSQL, the real app with
+its lifespan (NATS responders, outbox), and an admin HTTP client over ASGI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+ADMIN_TOKEN = "b"
+
+
+async def start_registry(connections, db_name: str):
+    """Create `db_name`, start the registry on it; returns (app, lifespan) — `await lifespan.__aexit__(
+    None, None, None)` stops it."""
+    import asyncpg
+
+    from services.registry.api import create_app
+    from services.registry.settings import RegistrySettings
+
+    conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{db_name}"')
+    finally:
+        await conn.close()
+    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + db_name
+    settings = RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token=ADMIN_TOKEN)
+    app = create_app(settings)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    return app, lifespan
+
+
+def admin_client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
+                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})  # fmt: skip
+
+
+def adapter_files(path: Path) -> list[tuple]:
+    """An adapter directory as the registry's multipart push expects it."""
+    files = sorted(f for f in path.iterdir() if f.is_file())
+    return [("files", (f.name, f.read_bytes(), "application/octet-stream")) for f in files]
