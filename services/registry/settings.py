@@ -32,6 +32,8 @@ class RegistrySettings(ServiceSettings):
 
     # --- start-up ------------------------------------------------------------------------------
     migrate_on_start: bool = True
+    # `python -m services.registry.migrate` (the chart's migrations Job) waits this long for PostgreSQL.
+    migrate_wait_s: float = Field(120.0, gt=0)
     seed_catalog: bool = True
 
     def policy(self) -> Policy:

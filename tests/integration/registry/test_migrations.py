@@ -47,8 +47,9 @@ async def test_version_content_is_immutable_in_the_database(migrated):
             await conn.execute(text(
                 "INSERT INTO base_models (name, architecture, num_layers, module_shapes, checksum, source, spec,"
                 " created_at) VALUES ('b', 'x', 1, '{}', 'c', '', '{}', now())"))  # fmt: skip
-            await conn.execute(text(
-                "INSERT INTO adapters (tenant_id, name, latest_number, created_at) VALUES (1, 'a', 1, now())"))
+            await conn.execute(
+                text("INSERT INTO adapters (tenant_id, name, latest_number, created_at) VALUES (1, 'a', 1, now())")
+            )
             await conn.execute(text(
                 "INSERT INTO adapter_versions (adapter_id, number, digest, base_model_id, base_model, rank, alpha,"
                 " target_modules, dtype, size_bytes, object_key, file_digests, created_at, status, status_reason,"
@@ -85,3 +86,41 @@ async def test_downgrade_and_upgrade_again(connections):
     finally:
         await engine.dispose()
     await migrate(dsn)
+
+
+def _migrate_process(dsn: str, wait_s: float):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LPX_PG_DSN": dsn, "LPX_REGISTRY_MIGRATE_WAIT_S": str(wait_s)}
+    return subprocess.run(
+        [sys.executable, "-m", "services.registry.migrate"], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+async def test_migrations_job_command_migrates_a_fresh_database_then_finds_it_current(connections):
+    """The Helm chart's migrations Job runs `python -m services.registry.migrate` before the registry."""
+    dsn = await create_database(connections)
+    for _ in range(2):
+        done = _migrate_process(dsn, wait_s=30)
+        assert done.returncode == 0, done.stderr
+    engine = make_engine(dsn)
+    try:
+        async with engine.connect() as conn:
+            tables = set(
+                (await conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))).scalars()
+            )
+    finally:
+        await engine.dispose()
+    assert {"alembic_version", "tenants", "adapters", "adapter_versions"} <= tables
+
+
+def test_migrations_job_command_fails_in_one_line_when_postgres_never_answers():
+    from libs.stack.procs import free_port
+
+    done = _migrate_process(f"postgresql+asyncpg://x:y@127.0.0.1:{free_port()}/none", wait_s=2)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1
+    assert "PostgreSQL unreachable" in output
+    assert "Traceback" not in output
