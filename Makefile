@@ -35,16 +35,16 @@ $(VENV)/.installed-$(ENGINE): pyproject.toml
 model: venv  ## fetch + convert + verify SmolLM2-135M into $(LPX_HOME)/models (idempotent)
 	$(LPX) model fetch smollm2-135m
 
-up: venv  ## start NATS JetStream, PostgreSQL and the S3 store locally
-	$(LPX) stack up
+up: setup  ## the whole platform locally: the stack plus every service, supervised (`lpx up`)
+	$(LPX) up
 
-status: venv
-	$(LPX) stack status
+status: venv  ## each service: pid, state, restarts, health (`lpx ps`)
+	$(LPX) ps
 
-down: venv  ## stop everything `up` started
-	$(LPX) stack down
+down: venv  ## stop everything `up` started; services drain first (`lpx down`)
+	$(LPX) down
 
-demo: setup  ## the platform end to end on local defaults
+demo: setup  ## the platform end to end on local defaults, on top of `lpx up` (left running)
 	$(LPX) demo
 
 test: setup  ## unit, integration (real servers) and end-to-end (real vLLM) tests

@@ -30,3 +30,13 @@ def stack_env_file() -> Path:
     """The env file `lpx stack up` writes and every service and CLI command reads."""
     explicit = os.environ.get("LPX_ENV_FILE")
     return Path(explicit).expanduser().resolve() if explicit else stack_dir() / "stack.env"
+
+
+def up_dir() -> Path:
+    """State of `lpx up`: the supervisor's config and socket, service logs, ports, the admin token."""
+    return lpx_home() / "up"
+
+
+def platform_env_file() -> Path:
+    """What `lpx up` writes for the CLI: the registry's URL and admin token, the gateway's URL."""
+    return up_dir() / "platform.env"

@@ -19,6 +19,7 @@ from libs.cli import (
     simulate,
     stack,
     train_cmds,
+    up_cmds,
 )
 
 app = typer.Typer(
@@ -28,7 +29,19 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (stack, model, demo, plan, simulate, registry_cmds, eval_cmds, dataset_cmds, train_cmds, fleet_cmds):
+for module in (
+    up_cmds,
+    stack,
+    model,
+    demo,
+    plan,
+    simulate,
+    registry_cmds,
+    eval_cmds,
+    dataset_cmds,
+    train_cmds,
+    fleet_cmds,
+):
     module.register(app)
 
 

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.table import Table
 
-from libs.paths import stack_env_file
+from libs.paths import platform_env_file, stack_env_file
 
 UPLOAD_CHUNK = 1 << 16
 err = Console(stderr=True)
@@ -45,8 +45,10 @@ class RegistryClientSettings(BaseSettings):
 def _client():
     import httpx
 
-    env_file = stack_env_file()
-    settings = RegistryClientSettings(_env_file=env_file if env_file.is_file() else None)
+    # The local stack's settings, then what `lpx up` wrote (the registry's URL and admin token);
+    # the real environment wins over both.
+    env_files = tuple(path for path in (stack_env_file(), platform_env_file()) if path.is_file())
+    settings = RegistryClientSettings(_env_file=env_files or None)
     headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"} if settings.admin_token else {}
     return httpx.Client(base_url=settings.url, headers=headers, timeout=settings.timeout_s)
 

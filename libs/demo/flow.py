@@ -1,11 +1,11 @@
 """The `lpx demo` flow: the platform end to end on local defaults, with real servers and processes.
 
-1. the local stack (NATS JetStream, PostgreSQL, S3);  2. the base model;  3. the registry, the trainer
-and the eval gate as services: each demo tenant's dataset (shipped as JSONL in libs/demo/data) is
-stored, a training job per tenant goes over the JetStream work queue to the trainer (peft), which
-pushes the adapter to the registry; the eval gate (vLLM) evaluates it and only a pass activates it;
-4. a worker (vLLM with LoRA) and the gateway (OpenAI-compatible HTTP); 5. a mixed batch through it with
-the official `openai` client: each tenant's adapter and the base model in the same engine batch, each
+1. the base model;  2. the local platform (`lpx up`: the stack, the registry, the trainer, the eval
+gate, a worker and the gateway, supervised; it keeps running after the demo);  3. each demo tenant's
+dataset (shipped as JSONL in libs/demo/data) is stored, a training job per tenant goes over the
+JetStream work queue to the trainer (peft), which pushes the adapter to the registry; the eval gate
+(vLLM) evaluates it and only a pass activates it;  4. a mixed batch through the gateway with the
+official `openai` client: each tenant's adapter and the base model in the same engine batch, each
 answer's applied digest checked by the gateway against the one the registry resolved.
 
 A second run re-uses what is there: tenants get a fresh key, the datasets are the same content, and a
@@ -15,18 +15,13 @@ tenant whose adapter already passed the gate on its dataset is not retrained.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
-from libs.demo.processes import ServiceProcess
 from libs.demo.tenants import TENANTS
-from libs.paths import lpx_home
-from libs.stack.procs import free_port
 
 Log = Callable[[str], None]
 POOL = "smollm2-135m-r16"
@@ -58,8 +53,10 @@ def register_tenants(http: httpx.Client, log: Log) -> tuple[dict[str, str], dict
         if stored.status_code not in (200, 201):
             raise RuntimeError(f"dataset of {tenant.name} refused: {stored.text}")
         datasets[tenant.name] = stored.json()
-        log(f"{tenant.name}: dataset {tenant.dataset.name} ({stored.json()['train_examples']} train examples, "
-            f"{stored.json()['eval_cases']} eval cases, sha256 {stored.json()['digest'][:12]})")
+        log(
+            f"{tenant.name}: dataset {tenant.dataset.name} ({stored.json()['train_examples']} train examples, "
+            f"{stored.json()['eval_cases']} eval cases, sha256 {stored.json()['digest'][:12]})"
+        )
     return keys, datasets
 
 
@@ -121,8 +118,10 @@ def wait_for_verdicts(http: httpx.Client, versions: dict[str, int], log: Log, ti
             row = http.get(f"/v1/tenants/{tenant}/aliases/{adapter[tenant]}-v{number}").json()
             if row["status"] in ("active", "rejected"):
                 cand = (row["eval_report"] or {}).get("candidate") or {}
-                log(f"{tenant}: eval gate {row['status'].upper()} v{number} "
-                    f"({cand.get('passed', 0)}/{cand.get('total', 0)} eval cases) - {row['status_reason'][:140]}")
+                log(
+                    f"{tenant}: eval gate {row['status'].upper()} v{number} "
+                    f"({cand.get('passed', 0)}/{cand.get('total', 0)} eval cases) - {row['status_reason'][:140]}"
+                )
                 if row["status"] != "active":
                     raise RuntimeError(f"{tenant}'s adapter did not pass the gate: {row['status_reason']}")
                 del waiting[tenant]
@@ -153,73 +152,22 @@ async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list
     return list(answers)
 
 
-def run(stack, base_path: Path, log: Log) -> list[Answer]:
-    env = {"LPX_ENV_FILE": str(stack.env_file), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING"}  # fmt: skip
-    logs = lpx_home() / "demo" / "logs"
-    admin = secrets.token_urlsafe(16)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    registry = ServiceProcess("registry", "services.registry", {**env, "LPX_REGISTRY_PORT": str(port),
-                              "LPX_REGISTRY_ADMIN_TOKEN": admin}, logs)  # fmt: skip
-    trainer = ServiceProcess("trainer", "services.trainer", {**env, "LPX_TRAINER_REGISTRY_URL": url,
-                             "LPX_TRAINER_ADMIN_TOKEN": admin, "LPX_TRAINER_TRAINER_ID": "demo-trainer"}, logs)
-    gate = ServiceProcess("eval-gate", "services.eval_gate", {**env, "LPX_EVAL_GATE_BASE_MODEL": BASE,
-                          "LPX_EVAL_GATE_MODEL_PATH": str(base_path), "LPX_EVAL_GATE_GATE_ID": "demo-gate"}, logs)
-    with registry, trainer, gate, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
-                                               timeout=60) as http:  # fmt: skip
-        registry.wait_http(f"{url}/healthz")
-        log(f"registry up on :{port}; trainer and eval gate starting (logs in {logs})")
+def run(platform, log: Log) -> list[Answer]:
+    """The demo against the running local platform (`lpx up`): tenants, datasets, training through the
+    trainer, the eval gate's verdicts, then one mixed batch through the gateway."""
+    ends = platform.endpoints()
+    admin = ends.admin_token_file.read_text().strip()
+    with httpx.Client(base_url=ends.registry_url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as http:
         keys, datasets = register_tenants(http, log)
         skip = {t.name for t in TENANTS if already_gated(http, t.name, t.adapter)}
         for name in sorted(skip):
             log(f"{name}: adapter already trained on this dataset and passed the gate; not retrained")
-        versions = asyncio.run(train_all(_nats_url(stack), datasets, skip, log))
+        versions = asyncio.run(train_all(_nats_url(), datasets, skip, log))
         wait_for_verdicts(http, versions, log)
-    # Training and gating are done: their engines go, the serving ones come (2 cores, one engine each).
-    worker = ServiceProcess("worker", "services.worker", {**env, "LPX_WORKER_WORKER_ID": "demo-worker-1",
-                            "LPX_WORKER_POOL": POOL, "LPX_WORKER_BASE_MODEL": BASE,
-                            "LPX_WORKER_MODEL_PATH": str(base_path), "LPX_WORKER_MAX_LORAS": "4"}, logs)  # fmt: skip
-    gateway_port = free_port()
-    gateway = ServiceProcess("gateway", "services.gateway", {**env, "LPX_GATEWAY_HOST": "127.0.0.1",
-                             "LPX_GATEWAY_PORT": str(gateway_port)}, logs)  # fmt: skip
-    with registry, worker, gateway:
-        registry.wait_http(f"{url}/healthz")
-        gateway.wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
-        log(f"gateway up on :{gateway_port} (OpenAI-compatible; log {gateway.log_path})")
-        _wait_for_worker(stack, worker, log)
-        answers = asyncio.run(ask_everyone(f"http://127.0.0.1:{gateway_port}", keys, log))
-    log("gateway, worker and registry stopped (SIGTERM: they drain)")
-    return answers
+    return asyncio.run(ask_everyone(ends.gateway_url, keys, log))
 
 
-def _nats_url(stack) -> str:
+def _nats_url() -> str:
     from libs.settings import ConnectionSettings
 
-    return ConnectionSettings.load(stack.env_file).nats_url
-
-
-def _wait_for_worker(stack, worker: ServiceProcess, log: Log, timeout_s: float = 300) -> None:
-    import nats
-
-    from libs.contracts import subjects
-
-    async def beating() -> bool:
-        nc = await nats.connect(_nats_url(stack))
-        try:
-            kv = await nc.jetstream().key_value(subjects.HEARTBEAT_BUCKET)
-            await kv.get("demo-worker-1")
-            return True
-        except Exception:  # noqa: BLE001 - not yet
-            return False
-        finally:
-            await nc.drain()
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        worker.check_alive()
-        if asyncio.run(beating()):
-            log(f"worker demo-worker-1 up (vLLM + LoRA, log {worker.log_path})")
-            return
-        time.sleep(1.0)
-    raise TimeoutError("the worker did not come up")
+    return ConnectionSettings.load().nats_url
