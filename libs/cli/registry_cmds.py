@@ -94,7 +94,7 @@ def tenant_create(name: str) -> None:
     """Create a tenant and print its API key (shown this once; only its hash is stored)."""
     created = _call("POST", "/v1/tenants", json={"name": name})
     err.print(f"tenant [bold]{created['tenant']}[/bold] created. Its API key (store it now, it is not shown again):")
-    out.print(created["api_key"], markup=False, highlight=False)
+    typer.echo(created["api_key"])  # one plain line, never wrapped: `lpx tenant create acme > key` must work
 
 
 @tenant_app.command("list")

@@ -82,7 +82,8 @@ def own_adapter(demo, home, base_model_path: Path, tmp_path_factory) -> tuple[st
     from libs.lora.train import LoraRecipe, train_adapter
 
     dataset = TENANTS[0].dataset  # pirate tone: train examples + eval cases
-    key = lpx(home, "tenant", "create", "mycorp").stdout.strip().splitlines()[-1]
+    key = lpx(home, "tenant", "create", "mycorp").stdout.strip()
+    assert key.startswith("lpx_mycorp_") and "\n" not in key
     lpx(home, "dataset", "push", "mycorp", str(dataset), "--name", "support-data")
     examples = [example.model_dump() for example in parse_file(dataset).train]
     out = tmp_path_factory.mktemp("mycorp-adapter") / "adapter"
@@ -92,16 +93,30 @@ def own_adapter(demo, home, base_model_path: Path, tmp_path_factory) -> tuple[st
     assert "registered mycorp/support-v1" in pushed
     verdict = lpx(home, "adapter", "eval", "mycorp/support-v1", "--timeout", "900")
     assert "active" in (verdict.stdout + verdict.stderr).lower()
-    shown = lpx(home, "adapter", "show", "mycorp/support").stdout
-    digest = next(word for word in shown.replace("│", " ").split() if len(word) == 64)
-    return key, digest
+    return key, serving_digest(home, "mycorp", "support")
+
+
+def platform_env(home: Path) -> dict[str, str]:
+    lines = (home / "up" / "platform.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def serving_digest(home: Path, tenant: str, alias: str) -> str:
+    """What the registry serves for the alias, read with the admin token `lpx up` wrote."""
+    import httpx
+
+    env = platform_env(home)
+    auth = {"Authorization": f"Bearer {env['LPX_REGISTRY_ADMIN_TOKEN']}"}
+    row = httpx.get(f"{env['LPX_REGISTRY_URL']}/v1/tenants/{tenant}/aliases/{alias}", headers=auth, timeout=10)
+    row.raise_for_status()
+    assert row.json()["status"] == "active"
+    return row.json()["digest"]
 
 
 def ask(home: Path, key: str) -> tuple[str, str | None]:
     from openai import OpenAI
 
-    url = next(line.split("=", 1)[1] for line in (home / "up" / "platform.env").read_text().splitlines()
-               if line.startswith("LPX_GATEWAY_URL="))  # fmt: skip
+    url = platform_env(home)["LPX_GATEWAY_URL"]
     client = OpenAI(base_url=f"{url}/v1", api_key=key, timeout=300, max_retries=0)
     reply = client.chat.completions.create(model="support", max_tokens=24, temperature=0,
                                            messages=[{"role": "user", "content": "Where is my order?"}])  # fmt: skip
