@@ -99,12 +99,62 @@ def tenant_create(name: str) -> None:
 
 @tenant_app.command("list")
 def tenant_list() -> None:
-    """Every tenant."""
-    table = Table("tenant", "eval threshold", "created")
+    """Every tenant, with its eval threshold and its limits at the gateway."""
+    table = Table("tenant", "eval threshold", "req/s", "tokens/min", "in flight", "created")
     for row in _call("GET", "/v1/tenants"):
         threshold = row.get("eval_threshold")
-        table.add_row(row["name"], "default" if threshold is None else f"{threshold:.2f}", row["created_at"])
+        table.add_row(row["name"], "default" if threshold is None else f"{threshold:.2f}", *_limits_cells(row),
+                      row["created_at"][:19])  # fmt: skip
     out.print(table)
+
+
+LIMIT_FIELDS = ("rps_limit", "tpm_limit", "concurrency_limit")
+
+
+def _limits_cells(row: dict) -> list[str]:
+    return [("default" if row.get(field) is None else f"{row[field]:g}") for field in LIMIT_FIELDS]
+
+
+@tenant_app.command("limits")
+def tenant_limits(
+    name: str,
+    rps: float | None = typer.Option(None, "--rps", help="requests per second (burst: one second's worth)"),
+    tpm: int | None = typer.Option(None, "--tpm", help="prompt + completion tokens per minute"),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="requests in flight at once"),
+    default: bool = typer.Option(False, "--default", help="clear every limit: the pool defaults apply"),
+) -> None:
+    """Show or set a tenant's limits at the gateway (every gateway applies a change within a second).
+    Options not given keep their value; over a limit, a caller gets 429 with Retry-After."""
+    current = next((row for row in _call("GET", "/v1/tenants") if row["name"] == name), None)
+    if current is None:
+        _fail(f"no tenant {name!r}")
+    if default or any(v is not None for v in (rps, tpm, concurrency)):
+        body = {"rps": rps, "tpm": tpm, "concurrency": concurrency}
+        if not default:
+            keep = {"rps": "rps_limit", "tpm": "tpm_limit", "concurrency": "concurrency_limit"}
+            body = {k: v if v is not None else current[keep[k]] for k, v in body.items()}
+        current = _call("PUT", f"/v1/tenants/{name}/limits", json=body)
+    rps_cell, tpm_cell, concurrency_cell = _limits_cells(current)
+    out.print(f"tenant {name}: {rps_cell} req/s, {tpm_cell} tokens/min, {concurrency_cell} in flight")
+
+
+@tenant_app.command("keys")
+def tenant_keys(name: str) -> None:
+    """A tenant's API keys (ids only: the secrets are never stored)."""
+    table = Table("key id", "created", "revoked")
+    for row in _call("GET", f"/v1/tenants/{name}/keys"):
+        table.add_row(row["key_id"], row["created_at"][:19], (row["revoked_at"] or "-")[:19])
+    out.print(table)
+
+
+@tenant_app.command("revoke-key")
+def tenant_revoke_key(
+    name: str,
+    key_id: str = typer.Argument(..., help="from `lpx tenant keys` (the part of the key after the tenant)"),
+) -> None:
+    """Revoke an API key: every gateway refuses it within about a second."""
+    row = _call("POST", f"/v1/tenants/{name}/keys/{key_id}/revoke")
+    out.print(f"key {row['key_id']} of {name} revoked at {row['revoked_at'][:19]}")
 
 
 @tenant_app.command("threshold")

@@ -36,6 +36,12 @@ __all__ = [
     "EvalContextReply",
     "ResolveRequest",
     "ResolveReply",
+    "TenantLimits",
+    "TenantEvent",
+    "TenantEventKind",
+    "MAX_LIMIT_RPS",
+    "MAX_LIMIT_TPM",
+    "MAX_LIMIT_CONCURRENCY",
     "TrainJob",
     "TrainProgress",
     "TrainStage",
@@ -273,6 +279,39 @@ class ResolveRequest(Message):
     api_key: str | None = None
 
 
+# Upper bounds of a tenant limit: beyond them a value is a typo, not a plan (the same bounds in the
+# registry's API and in these messages).
+MAX_LIMIT_RPS = 100_000.0
+MAX_LIMIT_TPM = 1_000_000_000
+MAX_LIMIT_CONCURRENCY = 100_000
+
+
+class TenantLimits(BaseModel):
+    """A tenant's limits at the gateway; None = the pool default (the gateway's settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rps: float | None = Field(None, gt=0, le=MAX_LIMIT_RPS, description="requests per second")
+    tpm: int | None = Field(None, gt=0, le=MAX_LIMIT_TPM, description="prompt + completion tokens per minute")
+    concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY, description="requests in flight")
+
+
+class TenantEventKind(StrEnum):
+    LIMITS_CHANGED = "limits_changed"
+    KEY_REVOKED = "key_revoked"
+
+
+class TenantEvent(Message):
+    """`subjects.tenant_event(kind)`: published by the registry (outbox) when something every gateway
+    caches about a tenant changed."""
+
+    event_id: str = Field(default_factory=new_id)
+    kind: TenantEventKind
+    tenant: str
+    key_id: str | None = None
+    limits: TenantLimits | None = None
+    ts: float = Field(default_factory=time.time)
+
+
 class ResolveReply(Message):
     found: bool
     adapter: AdapterRef | None = None
@@ -281,6 +320,7 @@ class ResolveReply(Message):
     # unavailable. `version` is the resolved version number when found.
     code: str = ""
     version: int | None = None
+    limits: TenantLimits | None = None  # the tenant's, when the request carried its key
 
 
 class TrainJob(Message):
@@ -383,3 +423,4 @@ class TenantAuthReply(Message):
     error: str = ""
     # The tenant's aliases that resolve to an active version now (for /v1/models).
     aliases: list[str] = Field(default_factory=list)
+    limits: TenantLimits | None = None

@@ -29,6 +29,8 @@ TOKENS_ALL = f"{PREFIX}.tokens.>"
 EVENTS_STREAM = "LPX_EVENTS"
 EVENTS_ALL = f"{PREFIX}.events.>"
 ADAPTER_EVENTS = f"{PREFIX}.events.adapter.>"
+# A tenant's limits changed or one of its keys was revoked: every gateway drops what it cached.
+TENANT_EVENTS = f"{PREFIX}.events.tenant.>"
 EVALUATED = f"{PREFIX}.events.eval.evaluated"
 RESOLVE = f"{PREFIX}.registry.resolve"  # request/reply, not stored
 AUTH = f"{PREFIX}.registry.auth"  # request/reply: TenantAuthRequest -> TenantAuthReply
@@ -159,6 +161,10 @@ def token_subject(request_id: str, reply_to: str | None) -> str:
 
 def adapter_event(kind: str) -> str:
     return f"{PREFIX}.events.adapter.{token(kind)}"
+
+
+def tenant_event(kind: str) -> str:
+    return f"{PREFIX}.events.tenant.{token(kind)}"
 
 
 def train_progress(job_id: str) -> str:

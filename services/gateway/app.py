@@ -13,12 +13,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from libs.broker import BrokerLink
-from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, subjects
+from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, TenantLimits, subjects
 from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors
 from services.gateway.auth import tenant_of
 from services.gateway.dispatch import Dispatcher, Job
 from services.gateway.errors import GatewayError
+from services.gateway.limits import TenantLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pool_view import PoolView
 from services.gateway.reroute import Rerouter
@@ -37,6 +38,7 @@ class Prepared:
     model: str
     base_model: str
     adapter: AdapterRef | None  # None: the base model itself
+    limits: TenantLimits | None = None  # the tenant's own (None: the pool defaults)
 
     @property
     def expected_digest(self) -> str | None:
@@ -61,6 +63,8 @@ class Gateway:
                                    timeout_s=s.resolve_timeout_s, max_entries=s.cache_max_entries,
                                    on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}))  # fmt: skip
         self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)
+        self._tenant_events = await self.nc.subscribe(subjects.TENANT_EVENTS, cb=self._on_tenant_event)
+        self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
@@ -96,6 +100,13 @@ class Gateway:
     async def _on_event(self, msg) -> None:
         self.cache.on_event(msg.data)
 
+    async def _on_tenant_event(self, msg) -> None:
+        """Limits changed or a key revoked: the tenant's next request asks the registry again."""
+        self.cache.on_tenant_event(msg.data)
+
+    def _throttled(self, tenant: str, limit: str) -> None:
+        self.metrics.throttled.add(1, {"tenant": tenant, "limit": limit})
+
     # --- what the API layers call --------------------------------------------------------------
     def base_models(self) -> set[str]:
         return set(self.settings.base_models) | self.pools.base_models()
@@ -111,7 +122,7 @@ class Gateway:
             auth = await self.cache.authenticate(tenant, api_key)
             if not auth.ok:
                 raise _refusal(auth.code, model)
-            return Prepared(tenant, model, model, None)
+            return Prepared(tenant, model, model, None, auth.limits)
         try:
             subjects.token(model)
         except ValueError:
@@ -119,7 +130,7 @@ class Gateway:
         reply = await self.cache.resolve(tenant, model, api_key)
         if not reply.found or reply.adapter is None:
             raise _refusal(reply.code, model)
-        return Prepared(tenant, model, reply.adapter.base_model, reply.adapter)
+        return Prepared(tenant, model, reply.adapter.base_model, reply.adapter, reply.limits)
 
     async def models(self, api_key: str) -> tuple[str, list[str]]:
         tenant = tenant_of(api_key)
@@ -130,7 +141,8 @@ class Gateway:
             raise _refusal(auth.code, "")
         return tenant, sorted(self.base_models()) + list(auth.aliases)
 
-    def check_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> None:
+    def check_prompt(self, prompt: str | None, messages: list[ChatMessage] | None) -> int:
+        """The prompt's size in characters, or 400 when it is empty or too long."""
         if prompt is None and not messages:
             raise errors.bad_request("either a prompt or at least one message is required", "messages")
         size = len(prompt or "") + sum(len(m.content) for m in messages or ())
@@ -138,6 +150,7 @@ class Gateway:
             raise errors.bad_request(f"the prompt is {size} characters; this gateway accepts at most "
                                      f"{self.settings.max_prompt_chars}", "messages",
                                      "context_length_exceeded")  # fmt: skip
+        return size
 
     async def dispatch(self, prepared: Prepared, *, request_id: str, prompt: str | None,
                        messages: list[ChatMessage] | None, sampling: SamplingParams, deadline: float,

@@ -10,12 +10,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.headers = headers or {}
 
     @property
     def type(self) -> str:
@@ -25,7 +27,7 @@ class GatewayError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_key() -> GatewayError:

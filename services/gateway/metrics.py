@@ -22,6 +22,7 @@ class GatewayMetrics:
     submissions: Counter  # outcome
     in_flight: UpDownCounter
     stage_s: Histogram  # stage: services.gateway.timeline.STAGES
+    throttled: Counter  # tenant, limit: requests refused with 429
 
     @classmethod
     def create(cls, meter: Meter) -> GatewayMetrics:
@@ -46,4 +47,5 @@ class GatewayMetrics:
             submissions=meter.create_counter("lpx_gateway_submissions", description="async submissions by outcome"),
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
             stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
+            throttled=meter.create_counter("lpx_gateway_throttled", description="requests refused over a tenant limit"),
         )  # fmt: skip

@@ -21,6 +21,7 @@ from libs.telemetry import extract_context
 from services.gateway import errors, timeline
 from services.gateway.auth import bearer_key
 from services.gateway.errors import GatewayError
+from services.gateway.limits import Ticket, estimate_tokens
 
 router = APIRouter()
 
@@ -130,18 +131,26 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
             span.set_attribute("lpx.model", body.model)
             prepared = await gw.prepare(key, body.model)
             sampling = body.sampling(default_max_tokens=128 if kind == "chat" else 16)
-            gw.check_prompt(prompt, messages)
+            prompt_chars = gw.check_prompt(prompt, messages)
+            ticket = gw.limiter.admit(tenant, prepared.limits, estimate_tokens(prompt_chars, sampling.max_tokens))
             rid = new_id()
             span.set_attribute("lpx.request_id", rid)
             deadline = time.time() + gw.settings.request_timeout_s
-            job = await gw.dispatch(prepared, request_id=rid, prompt=prompt, messages=messages, sampling=sampling,
-                                    deadline=deadline, stream=body.stream)  # fmt: skip
-            if body.stream:
-                usage = bool((body.stream_options or {}).get("include_usage"))
-                gen = _sse(gw, job, deadline, kind, body.model, rid, (started, accepted_at), attrs, usage)
-                return StreamingResponse(gen, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
-            result = await gw.dispatcher.wait(job, deadline)
+            streaming = False
+            try:
+                job = await gw.dispatch(prepared, request_id=rid, prompt=prompt, messages=messages,
+                                        sampling=sampling, deadline=deadline, stream=body.stream)  # fmt: skip
+                if body.stream:
+                    usage = bool((body.stream_options or {}).get("include_usage"))
+                    gen = _sse(gw, job, deadline, kind, body.model, rid, (started, accepted_at), attrs, usage, ticket)
+                    streaming = True  # the stream releases the ticket when it ends
+                    return StreamingResponse(gen, media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
+                result = await gw.dispatcher.wait(job, deadline)
+                gw.limiter.release(ticket, result.prompt_tokens + result.completion_tokens)
+            finally:
+                if not streaming:
+                    gw.limiter.release(ticket)  # a no-op after the release above; on failure the estimate stays
         except GatewayError as exc:
             _record(gw, attrs, exc.status, started)
             span.set_attribute("http.response.status_code", exc.status)
@@ -202,7 +211,7 @@ def _data(doc: dict) -> str:
 
 
 async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, clocks: tuple[float, float], attrs: dict,
-               include_usage: bool = False) -> AsyncIterator[str]:  # fmt: skip
+               include_usage: bool = False, ticket: Ticket | None = None) -> AsyncIterator[str]:  # fmt: skip
     started, accepted_at = clocks
     created = int(time.time())
     first, got_text, final = True, False, None
@@ -233,3 +242,5 @@ async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, clocks
         yield _data(exc.body())
     finally:
         _record(gw, attrs, status, started)
+        if ticket is not None:
+            gw.limiter.release(ticket, final.prompt_tokens + final.completion_tokens if final else None)

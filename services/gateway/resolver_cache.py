@@ -28,6 +28,7 @@ from libs.contracts import (
     ResolveRequest,
     TenantAuthReply,
     TenantAuthRequest,
+    TenantEvent,
     subjects,
 )
 from services.gateway.auth import fingerprint
@@ -163,6 +164,17 @@ class ResolverCache:
         if event.kind in INVALIDATING:
             dropped = self.invalidate_tenant(event.tenant)
             log.debug("cache invalidated", extra={"tenant": event.tenant, "kind": str(event.kind), "dropped": dropped})
+
+    def on_tenant_event(self, data: bytes) -> None:
+        """A tenant event from the registry (`lpx.events.tenant.<kind>`): limits changed or a key was
+        revoked; either way what is cached for the tenant is dropped."""
+        try:
+            event = TenantEvent.model_validate_json(data)
+        except ValidationError as exc:
+            log.warning("ignoring an unreadable tenant event: %s", exc.errors()[0].get("msg"))
+            return
+        dropped = self.invalidate_tenant(event.tenant)
+        log.info("tenant %s: %s; %d cached answers dropped", event.tenant, event.kind, dropped)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from libs.contracts import MAX_LIMIT_CONCURRENCY, MAX_LIMIT_RPS, MAX_LIMIT_TPM, TenantLimits
 from libs.routing import DEFAULT_BALANCE_FACTOR, DEFAULT_HOT_THRESHOLD, DEFAULT_MAX_SPREAD
 from libs.settings import ServiceSettings
 
@@ -59,6 +60,11 @@ class GatewaySettings(ServiceSettings):
     publish_retry_s: float = Field(30.0, ge=0)
     # A worker that drained cleanly handed its backlog to the pool: re-route what is left after this.
     drain_grace_s: float = Field(30.0, ge=0)
+    # Pool defaults of the per-tenant limits (a tenant's own limits, `lpx tenant limits`, win); unset:
+    # no limit. Counted per gateway replica (services/gateway/limits.py).
+    default_rps: float | None = Field(None, gt=0, le=MAX_LIMIT_RPS)
+    default_tpm: int | None = Field(None, gt=0, le=MAX_LIMIT_TPM)
+    default_concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
     base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])
 
@@ -68,3 +74,6 @@ class GatewaySettings(ServiceSettings):
         from libs.contracts import subjects
 
         return subjects.token(value)
+
+    def default_limits(self) -> TenantLimits:
+        return TenantLimits(rps=self.default_rps, tpm=self.default_tpm, concurrency=self.default_concurrency)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import hmac
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from libs.contracts import AdapterRef
+from libs.contracts import AdapterRef, TenantLimits
 from libs.models.catalog import BaseModelSpec
 from services.registry import aliases, base_migrations, bases, datasets, lifecycle, orphans, tenants, versions
 from services.registry.context import FaultHooks, RegistryContext
@@ -60,6 +61,15 @@ class OverrideRequest(BaseModel):
 
 class EvaluateRequest(BaseModel):
     requested_by: str = Field("admin", min_length=1, max_length=200)
+
+
+class ApiKeyPublic(BaseModel):
+    key_id: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+KEY_ID_PATTERN = r"^[0-9a-f]{16}$"
 
 
 class TenantUpdate(BaseModel):
@@ -193,6 +203,36 @@ async def update_tenant(tenant: str, body: TenantUpdate, ctx: Ctx) -> TenantPubl
         session.add(row)
         await session.flush()
         return TenantPublic.model_validate(row, from_attributes=True)
+
+
+@admin.put("/tenants/{tenant}/limits", tags=["tenants"])
+async def set_limits(tenant: str, body: TenantLimits, ctx: Ctx) -> TenantPublic:
+    """Replace the tenant's limits (a field left out or null: the pool default). Every gateway picks
+    the change up from the registry's event."""
+    async with transaction(ctx.sessions) as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        await tenants.set_limits(session, row, body)
+        public = TenantPublic.model_validate(row, from_attributes=True)
+    ctx.wake_relay()
+    return public
+
+
+@admin.get("/tenants/{tenant}/keys", tags=["tenants"])
+async def list_keys(tenant: str, ctx: Ctx) -> list[ApiKeyPublic]:
+    async with ctx.sessions() as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        return [ApiKeyPublic.model_validate(k, from_attributes=True) for k in await tenants.list_keys(session, row)]
+
+
+@admin.post("/tenants/{tenant}/keys/{key_id}/revoke", tags=["tenants"])
+async def revoke_key(tenant: str, key_id: Annotated[str, Path(pattern=KEY_ID_PATTERN)], ctx: Ctx) -> ApiKeyPublic:
+    """Revoke a key (idempotent). It stops working at every gateway within about a second."""
+    async with transaction(ctx.sessions) as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        key = await tenants.revoke_key(session, row, key_id)
+        public = ApiKeyPublic.model_validate(key, from_attributes=True)
+    ctx.wake_relay()
+    return public
 
 
 @admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])

@@ -51,11 +51,18 @@ class Tenant(TenantBase, table=True):
     created_at: datetime = _ts()
     # The eval-case pass rate a new version needs (None: the eval gate's default).
     eval_threshold: float | None = Field(default=None, nullable=True)
+    # Limits at the gateway (None: the pool default, the gateways' settings).
+    rps_limit: float | None = Field(default=None, nullable=True)
+    tpm_limit: int | None = Field(default=None, nullable=True)
+    concurrency_limit: int | None = Field(default=None, nullable=True)
 
 
 class TenantPublic(TenantBase):
     created_at: datetime
     eval_threshold: float | None = None
+    rps_limit: float | None = None
+    tpm_limit: int | None = None
+    concurrency_limit: int | None = None
 
 
 class ApiKey(SQLModel, table=True):

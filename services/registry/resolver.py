@@ -29,8 +29,9 @@ async def resolve_request(ctx: RegistryContext, request: ResolveRequest) -> Reso
     """The reply for one well-formed request; never raises."""
     try:
         async with ctx.sessions() as session:
+            limits = None
             if request.api_key is not None:
-                await tenants.authenticate(session, request.tenant, request.api_key)
+                limits = tenants.limits_of(await tenants.authenticate(session, request.tenant, request.api_key))
             resolved = await aliases.resolve(session, request.tenant, request.alias)
     except RegistryError as exc:
         return ResolveReply(found=False, error=exc.message, code=_reply_code(exc))
@@ -38,7 +39,7 @@ async def resolve_request(ctx: RegistryContext, request: ResolveRequest) -> Reso
         if not is_unavailable(exc):
             log.exception("resolve failed for %s/%s", request.tenant, request.alias)
         return ResolveReply(found=False, error=f"registry unavailable: {type(exc).__name__}", code="unavailable")
-    return ResolveReply(found=True, adapter=resolved.ref, version=resolved.version)
+    return ResolveReply(found=True, adapter=resolved.ref, version=resolved.version, limits=limits)
 
 
 async def auth_request(ctx: RegistryContext, request: TenantAuthRequest) -> TenantAuthReply:
@@ -58,7 +59,7 @@ async def auth_request(ctx: RegistryContext, request: TenantAuthRequest) -> Tena
         if not is_unavailable(exc):
             log.exception("auth failed for tenant %s", parsed.tenant)
         return TenantAuthReply(ok=False, error=f"registry unavailable: {type(exc).__name__}", code="unavailable")
-    return TenantAuthReply(ok=True, tenant=tenant.name, aliases=names)
+    return TenantAuthReply(ok=True, tenant=tenant.name, aliases=names, limits=tenants.limits_of(tenant))
 
 
 async def _servable(session, tenant: str, alias: str) -> bool:

@@ -1,13 +1,16 @@
-"""Tenants and their API keys."""
+"""Tenants, their API keys (creation, revocation) and their limits at the gateway."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from services.registry import keys
-from services.registry.errors import Conflict, Unauthorized
+from libs.contracts import TenantEvent, TenantEventKind, TenantLimits, subjects
+from services.registry import keys, outbox
+from services.registry.errors import Conflict, NotFound, Unauthorized
 from services.registry.models import ApiKey, Tenant
 from services.registry.validation import check_name
 
@@ -53,3 +56,38 @@ async def authenticate(session: AsyncSession, tenant_name: str, api_key: str) ->
     if tenant.name != tenant_name or not keys.matches(parsed, key.key_hash):
         raise refused
     return tenant
+
+
+def limits_of(tenant: Tenant) -> TenantLimits:
+    return TenantLimits(rps=tenant.rps_limit, tpm=tenant.tpm_limit, concurrency=tenant.concurrency_limit)
+
+
+async def set_limits(session: AsyncSession, tenant: Tenant, limits: TenantLimits) -> Tenant:
+    """Store the tenant's limits (None = the pool default) and tell every gateway (outbox, same
+    transaction: the event goes out if and only if the change is committed)."""
+    tenant.rps_limit, tenant.tpm_limit, tenant.concurrency_limit = limits.rps, limits.tpm, limits.concurrency
+    session.add(tenant)
+    await session.flush()
+    event = TenantEvent(kind=TenantEventKind.LIMITS_CHANGED, tenant=tenant.name, limits=limits)
+    outbox.enqueue_message(session, subjects.tenant_event(event.kind), event, event.event_id)
+    return tenant
+
+
+async def list_keys(session: AsyncSession, tenant: Tenant) -> list[ApiKey]:
+    query = select(ApiKey).where(ApiKey.tenant_id == tenant.id).order_by(col(ApiKey.created_at))
+    return list((await session.exec(query)).all())
+
+
+async def revoke_key(session: AsyncSession, tenant: Tenant, key_id: str) -> ApiKey:
+    """Revoke one key (idempotent); every gateway drops the tenant's cached answers at the event, so
+    the key stops working everywhere within the event's delivery time, not the cache TTL."""
+    key = (await session.exec(select(ApiKey).where(ApiKey.tenant_id == tenant.id, ApiKey.key_id == key_id))).first()
+    if key is None:
+        raise NotFound(f"tenant {tenant.name!r} has no key {key_id!r}", code="key_not_found")
+    if key.revoked_at is None:
+        key.revoked_at = datetime.now(UTC)
+        session.add(key)
+        await session.flush()
+        event = TenantEvent(kind=TenantEventKind.KEY_REVOKED, tenant=tenant.name, key_id=key_id)
+        outbox.enqueue_message(session, subjects.tenant_event(event.kind), event, event.event_id)
+    return key

@@ -234,6 +234,19 @@ def test_each_pool_is_a_statefulset_with_gpus_a_draining_prestop_and_a_grace_per
     assert sets["llama-r64"]["spec"]["replicas"] == 3
 
 
+NATS_TRIGGER_FIELDS = ["natsServerMonitoringEndpoint", "account", "stream", "consumer", "lagThreshold"]
+
+
+def _trigger(kind: str, required: list[str]) -> dict:
+    """One KEDA trigger: its type and the metadata keys it needs (all strings)."""
+    metadata = {"type": "object", "additionalProperties": {"type": "string"}, "required": required}
+    return {
+        "type": "object",
+        "required": ["type", "metadata"],
+        "properties": {"type": {"const": kind}, "metadata": metadata},
+    }
+
+
 # KEDA's ScaledObject (keda.sh/v1alpha1), the fields this chart uses, from KEDA's documentation of
 # the CRD and of the nats-jetstream and prometheus scalers.
 SCALED_OBJECT_SCHEMA = {
@@ -264,36 +277,8 @@ SCALED_OBJECT_SCHEMA = {
                     "minItems": 1,
                     "items": {
                         "oneOf": [
-                            {
-                                "type": "object",
-                                "required": ["type", "metadata"],
-                                "properties": {
-                                    "type": {"const": "nats-jetstream"},
-                                    "metadata": {
-                                        "type": "object",
-                                        "additionalProperties": {"type": "string"},
-                                        "required": [
-                                            "natsServerMonitoringEndpoint",
-                                            "account",
-                                            "stream",
-                                            "consumer",
-                                            "lagThreshold",
-                                        ],
-                                    },
-                                },
-                            },
-                            {
-                                "type": "object",
-                                "required": ["type", "metadata"],
-                                "properties": {
-                                    "type": {"const": "prometheus"},
-                                    "metadata": {
-                                        "type": "object",
-                                        "additionalProperties": {"type": "string"},
-                                        "required": ["serverAddress", "query", "threshold"],
-                                    },
-                                },
-                            },
+                            _trigger("nats-jetstream", NATS_TRIGGER_FIELDS),
+                            _trigger("prometheus", ["serverAddress", "query", "threshold"]),
                         ]
                     },
                 },
