@@ -8,6 +8,7 @@ own reason and exit with status 1.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ base_app = typer.Typer(help="Base models known to the registry.", no_args_is_hel
 
 
 def register(app: typer.Typer) -> None:
+    app.command("usage")(usage)
     app.add_typer(tenant_app, name="tenant")
     app.add_typer(adapter_app, name="adapter")
     app.add_typer(base_app, name="base")
@@ -164,6 +166,35 @@ def tenant_threshold(name: str, value: float | None = typer.Argument(None, help=
     row = _call("PATCH", f"/v1/tenants/{name}", json={"eval_threshold": value})
     shown = "the gate's default" if row["eval_threshold"] is None else f"{row['eval_threshold']:.2f}"
     out.print(f"tenant {name}: new versions need an eval pass rate of {shown}")
+
+
+# --- usage -------------------------------------------------------------------------------------
+_UNITS = {"m": 1 / 60, "h": 1.0, "d": 24.0}
+
+
+def _hours(since: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([mhd]?)", since.strip())
+    if not match:
+        _fail(f"--since {since!r}: expected a duration such as 90m, 24h or 7d")
+    return float(match[1]) * _UNITS[match[2] or "h"]
+
+
+def usage(
+    tenant: str,
+    since: str = typer.Option("24h", "--since", help="how far back: 90m, 24h, 7d (hours are UTC)"),
+) -> None:
+    """A tenant's usage per adapter and hour: requests, prompt and completion tokens, errors (each
+    request counted once, from the results the workers returned)."""
+    found = _call("GET", f"/v1/tenants/{tenant}/usage", params={"since_hours": _hours(since)})
+    table = Table("hour (UTC)", "adapter", "requests", "prompt tokens", "completion tokens", "errors",
+                  title=f"usage of {tenant} since {found['since'][:16]}")  # fmt: skip
+    for row in found["rows"]:
+        table.add_row(row["hour"][:13], row["adapter"], str(row["requests"]), str(row["prompt_tokens"]),
+                      str(row["completion_tokens"]), str(row["errors"]))  # fmt: skip
+    totals = found["totals"]
+    table.add_row("total", "", str(totals["requests"]), str(totals["prompt_tokens"]),
+                  str(totals["completion_tokens"]), str(totals["errors"]), style="bold")  # fmt: skip
+    out.print(table)
 
 
 # --- base models -------------------------------------------------------------------------------

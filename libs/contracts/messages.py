@@ -168,6 +168,10 @@ class InferenceResult(Message):
     adapter_tier: AdapterTier = AdapterTier.NONE
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    # Who asked and for what (copied from the request by the worker): usage metering counts from these.
+    tenant: str | None = None
+    adapter_digest: str | None = None  # requested; None: the base model
+    base_model: str | None = None
 
 
 class WorkerHeartbeat(Message):

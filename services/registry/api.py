@@ -19,7 +19,17 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from libs.contracts import AdapterRef, TenantLimits
 from libs.models.catalog import BaseModelSpec
-from services.registry import aliases, base_migrations, bases, datasets, lifecycle, orphans, tenants, versions
+from services.registry import (
+    aliases,
+    base_migrations,
+    bases,
+    datasets,
+    lifecycle,
+    orphans,
+    tenants,
+    usage,
+    versions,
+)
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, transaction
 from services.registry.errors import Invalid, RegistryError, TooLarge, Unauthorized
@@ -233,6 +243,34 @@ async def revoke_key(tenant: str, key_id: Annotated[str, Path(pattern=KEY_ID_PAT
         public = ApiKeyPublic.model_validate(key, from_attributes=True)
     ctx.wake_relay()
     return public
+
+
+class UsageRowPublic(BaseModel):
+    adapter: str = Field(description="name-vN, or the base model's name")
+    hour: datetime
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int
+
+
+class UsagePublic(BaseModel):
+    tenant: str
+    since: datetime
+    rows: list[UsageRowPublic]
+    totals: dict[str, int]
+
+
+@admin.get("/tenants/{tenant}/usage", tags=["usage"])
+async def tenant_usage(tenant: str, ctx: Ctx, since_hours: Annotated[float, Query(gt=0, le=24 * 400)] = 24.0
+                       ) -> UsagePublic:  # fmt: skip
+    """Requests, prompt and completion tokens and errors per adapter and hour (UTC), each request
+    counted once, from the hour `since_hours` ago on."""
+    async with ctx.sessions() as session:
+        row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        found = await usage.summary(session, row, usage.since_of(since_hours))
+    rows = [UsageRowPublic(**vars(r)) for r in found.rows]
+    return UsagePublic(tenant=found.tenant, since=found.since, rows=rows, totals=found.totals())
 
 
 @admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])

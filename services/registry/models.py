@@ -219,6 +219,27 @@ class MigrationItem(SQLModel, table=True):
     updated_at: datetime = _ts()
 
 
+# --- usage metering ------------------------------------------------------------------------------
+class UsageRecord(SQLModel, table=True):
+    """One answered request, counted once: the request id is the key, so a redelivered or re-routed
+    result (a second worker's answer to the same request) is not counted again."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_tenant_hour", "tenant", "hour"),)
+
+    request_id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(max_length=63)
+    adapter_digest: str | None = Field(default=None, max_length=64, nullable=True)
+    base_model: str = Field(max_length=63)
+    hour: datetime = Field(sa_type=DateTime(timezone=True))  # the hour the answer was recorded in (UTC)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ok: bool = True
+    error_code: str | None = Field(default=None, max_length=64, nullable=True)
+    worker_id: str = Field(max_length=64)
+    recorded_at: datetime = _ts()
+
+
 # --- the transactional outbox --------------------------------------------------------------------
 class OutboxEvent(SQLModel, table=True):
     """An event written in the same transaction as the change it announces; the relay publishes it

@@ -13,7 +13,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from libs.broker import BrokerLink
 from libs.messaging import make_broker
 from libs.objectstore import ObjectStore
-from services.registry import eval_context, eval_events, orphans, resolver
+from services.registry import eval_context, eval_events, orphans, resolver, usage
 from services.registry.bases import seed_catalog
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
@@ -81,6 +81,7 @@ class RegistryService:
         resolver.register(self.broker, self.ctx, dead_letters)
         eval_events.register(self.broker, self.ctx, dead_letters)
         eval_context.register(self.broker, self.ctx, dead_letters)
+        usage.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
         await self.link.attach(self.broker.config.connection_state.connection)
 

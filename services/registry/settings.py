@@ -26,6 +26,9 @@ class RegistrySettings(ServiceSettings):
     outbox_poll_s: float = Field(0.5, gt=0, description="how often the relay looks for unpublished events")
     outbox_batch: int = Field(100, ge=1)
     eval_durable: str = "lpx-registry-eval"
+    # Usage metering reads every result through this durable (services/registry/usage.py).
+    usage_durable: str = "lpx-registry-usage"
+    usage_deliver_policy: str = Field("all", description="'all' (production: every stored result) or 'new' (tests)")
     # "all" replays every stored verdict on a new durable (production); tests use "new".
     eval_deliver_policy: str = "all"
     orphan_grace_s: float = Field(3600, ge=0, description="age before an unreferenced object is swept")

@@ -110,6 +110,7 @@ class RequestProcessor:
                                               attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
                                                           "lpx.tenant": request.tenant_id}):  # fmt: skip
                 result = await self._process(request, msg, fetched_at)
+            result = result.model_copy(update=_caller_of(request))
             await self._publish_result(result, request.reply_to, give_up_at=_publish_deadline(request))
             await msg.ack()
             self.answered.add(rid)
@@ -233,3 +234,9 @@ class RequestProcessor:
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
             await self._publish_result(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
+
+
+def _caller_of(request: InferenceRequest) -> dict:
+    """What a result says about who asked (usage metering in the registry counts from it)."""
+    digest = request.adapter.digest if request.adapter else None
+    return {"tenant": request.tenant_id, "adapter_digest": digest, "base_model": request.base_model}

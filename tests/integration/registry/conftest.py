@@ -41,6 +41,7 @@ def registry_settings(connections: ConnectionSettings, dsn: str, **overrides):
 
     conn = connections.model_copy(update={"pg_dsn": dsn})
     defaults = dict(admin_token=ADMIN_TOKEN, eval_durable=f"test-{uuid.uuid4().hex[:10]}", eval_deliver_policy="new",
+                    usage_durable=f"test-usage-{uuid.uuid4().hex[:10]}", usage_deliver_policy="new",
                     outbox_poll_s=0.1)  # fmt: skip
     return RegistrySettings(connections=conn, **{**defaults, **overrides})
 

@@ -1,0 +1,158 @@
+"""Usage metering: every answered request counted once per tenant, adapter and hour, from the results.
+
+The registry reads the RESULTS stream through a durable consumer and writes one row per request id
+(`INSERT ... ON CONFLICT DO NOTHING`): a result delivered again (a redelivery, or a second worker's
+answer to a re-routed request) adds nothing. Results without a tenant (the gateway's own refusals of
+malformed submissions, results of workers older than this field) are not usage and are skipped. When
+PostgreSQL is away the message is NAKed with a delay and comes back; nothing is lost while the
+stream keeps it (24 h).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from faststream.nats.annotations import NatsMessage
+from pydantic import ValidationError
+from sqlalchemy import func
+from sqlalchemy.dialects.postgresql import insert
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from libs.contracts import InferenceResult, subjects
+from services.registry.context import RegistryContext
+from services.registry.db import is_unavailable, transaction
+from services.registry.deadletters import DeadLetters
+from services.registry.models import Adapter, AdapterVersion, Tenant, UsageRecord
+
+log = logging.getLogger(__name__)
+RETRY_DELAY_S = 2.0
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+async def record(session: AsyncSession, result: InferenceResult, now: datetime | None = None) -> bool:
+    """Count one result; False when its request was counted before (or it is not a tenant's usage)."""
+    if not result.tenant or not result.base_model:
+        return False
+    now = now or datetime.now(UTC)
+    row = {
+        "request_id": result.request_id,
+        "tenant": result.tenant,
+        "adapter_digest": result.adapter_digest,
+        "base_model": result.base_model,
+        "hour": hour_of(now),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "ok": result.ok,
+        "error_code": result.error.code if result.error else None,
+        "worker_id": result.worker_id,
+        "recorded_at": now,
+    }
+    inserted = await session.exec(
+        insert(UsageRecord).values(**row).on_conflict_do_nothing().returning(col(UsageRecord.request_id))
+    )
+    return inserted.first() is not None
+
+
+@dataclass
+class UsageRow:
+    adapter: str  # `name-vN`, or the base model's name
+    hour: datetime
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int
+
+
+@dataclass
+class UsageSummary:
+    tenant: str
+    since: datetime
+    rows: list[UsageRow] = field(default_factory=list)
+
+    def totals(self) -> dict[str, int]:
+        keys = ("requests", "prompt_tokens", "completion_tokens", "errors")
+        return {k: sum(getattr(row, k) for row in self.rows) for k in keys}
+
+
+async def summary(session: AsyncSession, tenant: Tenant, since: datetime) -> UsageSummary:
+    """Per adapter and hour since `since`, oldest first."""
+    u = UsageRecord
+    query = (
+        select(
+            u.adapter_digest,
+            u.base_model,
+            u.hour,
+            func.count(),
+            func.sum(u.prompt_tokens),
+            func.sum(u.completion_tokens),
+            func.count().filter(col(u.ok).is_(False)),
+        )
+        .where(u.tenant == tenant.name, u.hour >= hour_of(since))
+        .group_by(u.adapter_digest, u.base_model, u.hour)
+        .order_by(u.hour, u.adapter_digest)
+    )
+    grouped = (await session.exec(query)).all()
+    names = await _version_names(session, tenant, {digest for digest, *_ in grouped if digest})
+    rows = [
+        UsageRow(names.get(digest, digest[:12]) if digest else base, hour, count, prompt or 0, completion or 0, errors)
+        for digest, base, hour, count, prompt, completion, errors in grouped
+    ]
+    return UsageSummary(tenant.name, since, rows)
+
+
+async def _version_names(session: AsyncSession, tenant: Tenant, digests: set[str]) -> dict[str, str]:
+    if not digests:
+        return {}
+    query = (
+        select(AdapterVersion.digest, Adapter.name, AdapterVersion.number)
+        .join(Adapter, col(Adapter.id) == col(AdapterVersion.adapter_id))
+        .where(Adapter.tenant_id == tenant.id, col(AdapterVersion.digest).in_(digests))
+    )
+    return {digest: f"{name}-v{number}" for digest, name, number in (await session.exec(query)).all()}
+
+
+def since_of(hours: float) -> datetime:
+    return datetime.now(UTC) - timedelta(hours=hours)
+
+
+def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
+    from faststream import AckPolicy
+    from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, PullSub
+
+    policy = DeliverPolicy.NEW if ctx.settings.usage_deliver_policy == "new" else DeliverPolicy.ALL
+
+    @broker.subscriber(
+        subjects.RESULTS_ALL,
+        stream=JStream(subjects.RESULTS_STREAM, declare=False),
+        durable=ctx.settings.usage_durable,
+        deliver_policy=policy,
+        pull_sub=PullSub(batch_size=32),
+        config=ConsumerConfig(ack_wait=30),
+        ack_policy=AckPolicy.MANUAL,
+    )
+    async def on_result(msg: NatsMessage) -> None:
+        try:
+            result = InferenceResult.model_validate_json(msg.body)
+        except ValidationError as exc:
+            await dead_letters.send(
+                msg.raw_message.subject, f"usage: malformed InferenceResult: {exc.errors()[:1]}", msg.body, msg.headers
+            )
+            await msg.ack()
+            return
+        try:
+            async with transaction(ctx.sessions) as session:
+                await record(session, result)
+        except Exception as exc:
+            if is_unavailable(exc):
+                log.warning("database unavailable; usage of %s will be counted on redelivery", result.request_id)
+                await msg.nack(delay=RETRY_DELAY_S)
+                return
+            await dead_letters.send(msg.raw_message.subject, f"usage could not be recorded: {exc}", msg.body,
+                                    msg.headers)  # fmt: skip
+        await msg.ack()

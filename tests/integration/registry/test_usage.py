@@ -1,0 +1,118 @@
+"""Usage metering from the results (real NATS JetStream, PostgreSQL, the registry's durable consumer):
+each request counted once however often its result arrives (a redelivery, a re-routed request's
+second answer), per adapter and hour; errors counted; results that are nobody's usage skipped; a
+malformed result dead-lettered while counting goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import nats
+import pytest
+
+from libs.contracts import ErrorInfo, InferenceResult, new_id, subjects
+
+pytestmark = pytest.mark.integration
+DIGEST = "ab" * 32
+
+
+async def publish(js, result: InferenceResult, subject: str | None = None, msg_id: str | None = None) -> None:
+    headers = {"Nats-Msg-Id": msg_id or f"test-{uuid.uuid4().hex}"}
+    await js.publish(subject or subjects.results(result.request_id), result.model_dump_json().encode(), headers=headers)
+
+
+async def usage_of(registry, tenant: str, requests: int, timeout_s: float = 15) -> dict:
+    for _ in range(int(timeout_s / 0.2)):
+        found = (await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": 1})).json()
+        if found["totals"]["requests"] >= requests:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"usage of {tenant} did not reach {requests} requests: {found}")
+
+
+async def test_each_request_is_counted_once_per_adapter_and_hour(registry, connections):
+    tenant = f"use-{uuid.uuid4().hex[:8]}"
+    await registry.create_tenant(tenant)
+    nc = await nats.connect(connections.nats_url)
+    js = nc.jetstream()
+    try:
+        rids = [new_id() for _ in range(5)]
+        for i, rid in enumerate(rids):
+            digest = DIGEST if i < 3 else None
+            result = InferenceResult(
+                request_id=rid,
+                worker_id="w1",
+                ok=True,
+                prompt_tokens=10,
+                completion_tokens=i + 1,
+                tenant=tenant,
+                adapter_digest=digest,
+                base_model="smollm2-135m",
+            )
+            await publish(js, result, subjects.results_to("gw-a", rid))
+        # The same requests answered again: a second worker after a re-route, a redelivery.
+        for rid in rids[:2]:
+            again = InferenceResult(
+                request_id=rid,
+                worker_id="w2",
+                ok=True,
+                prompt_tokens=10,
+                completion_tokens=99,
+                tenant=tenant,
+                adapter_digest=DIGEST,
+                base_model="smollm2-135m",
+            )
+            await publish(js, again)
+        failed = InferenceResult(
+            request_id=new_id(),
+            worker_id="w1",
+            ok=False,
+            tenant=tenant,
+            base_model="smollm2-135m",
+            error=ErrorInfo(code="engine_error", message="boom"),
+        )
+        await publish(js, failed)
+        nobody = InferenceResult(
+            request_id=new_id(), worker_id="gateway", ok=False, error=ErrorInfo(code="bad_request", message="no tenant")
+        )
+        await publish(js, nobody)
+        await js.publish(subjects.results(new_id()), b"{not json", headers={"Nats-Msg-Id": uuid.uuid4().hex})
+        marker = InferenceResult(
+            request_id=new_id(),
+            worker_id="w1",
+            ok=True,
+            prompt_tokens=1,
+            completion_tokens=1,
+            tenant=tenant,
+            base_model="smollm2-135m",
+        )
+        await publish(js, marker)  # after the malformed one: counting went on
+    finally:
+        await nc.drain()
+
+    found = await usage_of(registry, tenant, requests=7)
+    await asyncio.sleep(1.0)  # anything counted twice would show up by now
+    found = await usage_of(registry, tenant, requests=7)
+    totals = found["totals"]
+    assert totals == {
+        "requests": 7,
+        "prompt_tokens": 5 * 10 + 1,
+        "completion_tokens": (1 + 2 + 3 + 4 + 5) + 1,
+        "errors": 1,
+    }
+    by_adapter = {}
+    for row in found["rows"]:
+        by_adapter[row["adapter"]] = by_adapter.get(row["adapter"], 0) + row["requests"]
+    assert by_adapter == {DIGEST[:12]: 3, "smollm2-135m": 4}  # digests of no version of this tenant stay digests
+    assert all(row["hour"].endswith(":00:00Z") or "+00:00" in row["hour"] for row in found["rows"])
+
+
+async def test_usage_of_an_unknown_tenant_is_404_and_a_bad_window_422(registry):
+    assert (await registry.client.get("/v1/tenants/nobody-here/usage")).status_code == 404
+    tenant = f"use-{uuid.uuid4().hex[:8]}"
+    await registry.create_tenant(tenant)
+    for bad in ("0", "-1", "1e9", "soon"):
+        assert (
+            await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": bad})
+        ).status_code == 422
