@@ -21,6 +21,7 @@ from services.gateway.dispatch import Dispatcher, Job
 from services.gateway.errors import GatewayError
 from services.gateway.limits import TenantLimiter
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.overload import OverloadGuard
 from services.gateway.pool_view import PoolView
 from services.gateway.reroute import Rerouter
 from services.gateway.resolver_cache import ResolverCache
@@ -66,11 +67,13 @@ class Gateway:
         self._tenant_events = await self.nc.subscribe(subjects.TENANT_EVENTS, cb=self._on_tenant_event)
         self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
+        overload = OverloadGuard(margin=s.overload_margin) if s.early_refusal else None
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
                                      publish_retry_s=s.publish_retry_s, tracer=self.tracer,
                                      gateway_id=s.gateway_id, load_signal=s.load_signal,
-                                     routing_policy=s.routing_policy)  # fmt: skip
+                                     routing_policy=s.routing_policy,
+                                     overload=overload)  # fmt: skip
         # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)
@@ -154,12 +157,13 @@ class Gateway:
 
     async def dispatch(self, prepared: Prepared, *, request_id: str, prompt: str | None,
                        messages: list[ChatMessage] | None, sampling: SamplingParams, deadline: float,
-                       stream: bool) -> Job:  # fmt: skip
+                       stream: bool, interactive: bool = True) -> Job:  # fmt: skip
         request = InferenceRequest(request_id=request_id, tenant_id=prepared.tenant, base_model=prepared.base_model,
                                    adapter=prepared.adapter, prompt=prompt, messages=messages, sampling=sampling,
                                    stream=stream, deadline=deadline, reply_to=self.settings.gateway_id)  # fmt: skip
+        # Interactive requests the pool cannot finish in time are refused at once; async submissions queue.
         return await self.dispatcher.submit(request, rank=prepared.adapter.rank if prepared.adapter else None,
-                                            stream=stream)  # fmt: skip
+                                            stream=stream, refuse_overload=interactive)  # fmt: skip
 
 
 def _refusal(code: str, model: str) -> GatewayError:

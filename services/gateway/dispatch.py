@@ -32,6 +32,7 @@ from services.gateway import errors
 from services.gateway.errors import GatewayError
 from services.gateway.fleet_load import FleetLoad
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.overload import OverloadGuard
 from services.gateway.pool_view import NoPoolError, PoolView
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,11 @@ class Dispatcher:
     def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
                  hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
                  catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
-                 load_signal: str = "fleet", routing_policy: str = "bounded_load") -> None:  # fmt: skip
+                 load_signal: str = "fleet", routing_policy: str = "bounded_load",
+                 overload: OverloadGuard | None = None) -> None:  # fmt: skip
         self.nc, self.js = nc, js
+        # Interactive requests the pool cannot finish before their deadline are refused at once (None: never).
+        self.overload = overload
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
         self.gateway_id = gateway_id
         self.load_signal = load_signal  # "fleet": heartbeats + own deltas; "local": this gateway's own counts
@@ -215,8 +219,10 @@ class Dispatcher:
         return self.fleet.loads(workers, getattr(self.pools, "live", {}), self.loads)
 
     # --- submitting ----------------------------------------------------------------------------
-    async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False) -> Job:
-        """Route and publish one request; GatewayError 503 when no worker can take it."""
+    async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False,
+                     refuse_overload: bool = False) -> Job:  # fmt: skip
+        """Route and publish one request; GatewayError 503 when no worker can take it, or (with
+        `refuse_overload`, interactive requests) when it could not finish before its deadline."""
         if request.request_id in self.jobs:
             raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
                                      "duplicate_request")  # fmt: skip
@@ -226,6 +232,8 @@ class Dispatcher:
             raise errors.unavailable(str(exc), "no_worker_available") from None
         token = request.adapter.digest if request.adapter else BASE_TOKEN
         decision = self.route(choice.pool, choice.workers, token)
+        if refuse_overload and self.overload is not None and request.deadline is not None:
+            self._check_overload(choice.pool, choice.workers, decision.worker, request.deadline)
         loop = asyncio.get_running_loop()
         job = Job(request=request, pool=choice.pool, token=token,
                   expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
@@ -243,6 +251,17 @@ class Dispatcher:
         self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": decision.affinity_hit,
                                      "spilled": decision.spilled})  # fmt: skip
         return job
+
+    def _check_overload(self, pool: str, workers: tuple[str, ...], worker: str, deadline: float) -> None:
+        beat = getattr(self.pools, "live", {}).get(worker)
+        if beat is None:
+            return
+        load = self.worker_loads(workers).get(worker, 0)
+        try:
+            self.overload.check(pool, worker, load, beat.capacity, deadline - time.time())
+        except GatewayError:
+            self.metrics.overload_refusals.add(1, {"pool": pool})
+            raise
 
     def _msg_id(self, request_id: str) -> str:
         """Nats-Msg-Id of a first dispatch: this gateway's retries are stored once, but another gateway
@@ -338,6 +357,8 @@ class Dispatcher:
             return False
         self._answered.add(result.request_id)
         job.received_at = time.time()
+        if self.overload is not None and result.ok:
+            self.overload.observe(job.pool, result.timings.total_s)
         self._release(job)
         job.future.set_result(result)
         return True

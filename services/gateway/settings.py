@@ -65,6 +65,11 @@ class GatewaySettings(ServiceSettings):
     default_rps: float | None = Field(None, gt=0, le=MAX_LIMIT_RPS)
     default_tpm: int | None = Field(None, gt=0, le=MAX_LIMIT_TPM)
     default_concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY)
+    # An interactive request the pool cannot finish before its deadline (from the queue ahead of it and
+    # the measured time per request, services/gateway/overload.py) gets 503 + Retry-After at once
+    # instead of 504 after the whole deadline; margin < 1 refuses earlier, > 1 later.
+    early_refusal: bool = True
+    overload_margin: float = Field(1.0, gt=0, le=10)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
     base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])
 

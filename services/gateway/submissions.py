@@ -162,7 +162,8 @@ class SubmissionConsumer:
         prepared = await g.prepare(submit.api_key, submit.model)
         g.check_prompt(submit.prompt, submit.messages)
         job = await g.dispatch(prepared, request_id=work_id, prompt=submit.prompt, messages=submit.messages,
-                               sampling=submit.sampling, deadline=deadline, stream=submit.stream)  # fmt: skip
+                               sampling=submit.sampling, deadline=deadline, stream=submit.stream,
+                               interactive=False)  # fmt: skip
         if not submit.stream:
             return await g.dispatcher.wait(job, deadline)
         index = 0
