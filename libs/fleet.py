@@ -61,13 +61,15 @@ class Fleet:
         return subprocess.Popen([sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
 
-    def start_gateway(self, gateway_id: str) -> str:
+    def start_gateway(self, gateway_id: str, extra: dict[str, str] | None = None) -> str:
+        """A gateway process; `extra` adds or overrides its settings (LPX_GATEWAY_...)."""
         s, port = self.spec, free_port()
         env = {"LPX_GATEWAY_PORT": str(port), "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_GATEWAY_ID": gateway_id,
                "LPX_GATEWAY_HEARTBEAT_STALENESS_S": str(s.heartbeat_ttl_s), "LPX_GATEWAY_POOL_POLL_S": "0.25",
                "LPX_GATEWAY_DRAIN_GRACE_S": "5", "LPX_GATEWAY_BASE_MODELS": f'["{s.base_model}"]',
                "LPX_GATEWAY_ROUTING_POLICY": s.routing_policy, "LPX_GATEWAY_LOAD_SIGNAL": s.load_signal,
                "LPX_GATEWAY_LOG_LEVEL": s.log_level}  # fmt: skip
+        env.update(extra or {})
         url = f"http://127.0.0.1:{port}"
         self.gateways[gateway_id] = (self._spawn("services.gateway", env, gateway_id), url)
         return url

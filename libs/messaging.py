@@ -115,6 +115,9 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
     middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    # FastStream logs "Received"/"Processed" for every message at this level: DEBUG, or the registry's
+    # log would carry two lines per answered request (usage metering reads every result).
+    kwargs.setdefault("log_level", logging.DEBUG)
     return NatsBroker(nats_servers(nats_url), middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
