@@ -68,12 +68,15 @@ class Gateway:
         self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         overload = OverloadGuard(margin=s.overload_margin) if s.early_refusal else None
+        headroom = s.fair_headroom if s.fair_queuing else None
         self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
                                      hot_threshold=s.hot_threshold, max_spread=s.max_spread,
                                      publish_retry_s=s.publish_retry_s, tracer=self.tracer,
                                      gateway_id=s.gateway_id, load_signal=s.load_signal,
                                      routing_policy=s.routing_policy,
-                                     overload=overload)  # fmt: skip
+                                     overload=overload, fair_headroom=headroom)  # fmt: skip
+        if self.dispatcher.fair is not None:
+            self.dispatcher.fair.on_wait = self._fair_wait
         # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)
@@ -106,6 +109,9 @@ class Gateway:
     async def _on_tenant_event(self, msg) -> None:
         """Limits changed or a key revoked: the tenant's next request asks the registry again."""
         self.cache.on_tenant_event(msg.data)
+
+    def _fair_wait(self, tenant: str, tier: str, waited_s: float) -> None:
+        self.metrics.fair_wait_s.record(waited_s, {"tenant": tenant, "tier": tier})
 
     def _throttled(self, tenant: str, limit: str) -> None:
         self.metrics.throttled.add(1, {"tenant": tenant, "limit": limit})
@@ -163,7 +169,7 @@ class Gateway:
                                    stream=stream, deadline=deadline, reply_to=self.settings.gateway_id)  # fmt: skip
         # Interactive requests the pool cannot finish in time are refused at once; async submissions queue.
         return await self.dispatcher.submit(request, rank=prepared.adapter.rank if prepared.adapter else None,
-                                            stream=stream, refuse_overload=interactive)  # fmt: skip
+                                            stream=stream, interactive=interactive)  # fmt: skip
 
 
 def _refusal(code: str, model: str) -> GatewayError:

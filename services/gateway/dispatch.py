@@ -30,6 +30,7 @@ from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors
 from services.gateway.errors import GatewayError
+from services.gateway.fairness import BATCH, INTERACTIVE, FairQueue
 from services.gateway.fleet_load import FleetLoad
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.overload import OverloadGuard
@@ -136,8 +137,10 @@ class Dispatcher:
                  hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
                  catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
                  load_signal: str = "fleet", routing_policy: str = "bounded_load",
-                 overload: OverloadGuard | None = None) -> None:  # fmt: skip
+                 overload: OverloadGuard | None = None, fair_headroom: float | None = 1.25) -> None:  # fmt: skip
         self.nc, self.js = nc, js
+        # Once a pool is full, requests wait per tenant and go on by fair share (None: FIFO into the pool).
+        self.fair = FairQueue(self.pool_room, headroom=fair_headroom) if fair_headroom else None
         # Interactive requests the pool cannot finish before their deadline are refused at once (None: never).
         self.overload = overload
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
@@ -220,9 +223,10 @@ class Dispatcher:
 
     # --- submitting ----------------------------------------------------------------------------
     async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False,
-                     refuse_overload: bool = False) -> Job:  # fmt: skip
-        """Route and publish one request; GatewayError 503 when no worker can take it, or (with
-        `refuse_overload`, interactive requests) when it could not finish before its deadline."""
+                     interactive: bool = True) -> Job:  # fmt: skip
+        """Route and publish one request; GatewayError 503 when no worker can take it, or (interactive
+        requests) when it could not finish before its deadline. While the pool is full it waits for
+        its fair share (interactive before batch)."""
         if request.request_id in self.jobs:
             raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
                                      "duplicate_request")  # fmt: skip
@@ -230,35 +234,53 @@ class Dispatcher:
             choice = self.pools.select(request.base_model, rank)
         except NoPoolError as exc:
             raise errors.unavailable(str(exc), "no_worker_available") from None
-        token = request.adapter.digest if request.adapter else BASE_TOKEN
-        decision = self.route(choice.pool, choice.workers, token)
-        if refuse_overload and self.overload is not None and request.deadline is not None:
-            self._check_overload(choice.pool, choice.workers, decision.worker, request.deadline)
-        loop = asyncio.get_running_loop()
-        job = Job(request=request, pool=choice.pool, token=token,
-                  expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
-                  future=loop.create_future(), deltas=asyncio.Queue() if stream else None,
-                  decision=decision)  # fmt: skip
-        self._track(job)
+        if interactive and self.overload is not None and request.deadline is not None:
+            self._check_overload(choice.pool, request.tenant_id, request.deadline)
+        if self.fair is not None:
+            await self.fair.acquire(choice.pool, request.tenant_id, INTERACTIVE if interactive else BATCH,
+                                    request.deadline)  # fmt: skip
+        try:
+            job = self._assign(request, choice, stream)
+        finally:
+            if self.fair is not None:
+                self.fair.dispatched(choice.pool)  # in the load signal now (or failed): no longer pending
         try:
             job.publish_started_at = time.time()
-            await self.publish(job, subjects.infer(job.pool, job.worker, token), self._msg_id(request.request_id))
+            await self.publish(job, subjects.infer(job.pool, job.worker, job.token), self._msg_id(request.request_id))
             job.published_at = time.time()
         except Exception as exc:
             self._release(job)
             log.error("publish failed", extra={"request_id": request.request_id, "error": repr(exc)})
             raise errors.unavailable(f"could not queue the request: {type(exc).__name__}", "queue_unavailable") from exc
-        self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": decision.affinity_hit,
-                                     "spilled": decision.spilled})  # fmt: skip
+        self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": job.decision.affinity_hit,
+                                     "spilled": job.decision.spilled})  # fmt: skip
         return job
 
-    def _check_overload(self, pool: str, workers: tuple[str, ...], worker: str, deadline: float) -> None:
-        beat = getattr(self.pools, "live", {}).get(worker)
-        if beat is None:
+    def _assign(self, request: InferenceRequest, choice, stream: bool) -> Job:
+        """Route (on the loads of now, after any wait) and count the job against its worker."""
+        token = request.adapter.digest if request.adapter else BASE_TOKEN
+        decision = self.route(choice.pool, choice.workers, token)
+        job = Job(request=request, pool=choice.pool, token=token,
+                  expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
+                  future=asyncio.get_running_loop().create_future(), deltas=asyncio.Queue() if stream else None,
+                  decision=decision)  # fmt: skip
+        self._track(job)
+        return job
+
+    def pool_room(self, pool: str) -> tuple[int, int]:
+        """(load, capacity) of a pool: in flight + queued on its live workers, and their summed capacity."""
+        live = getattr(self.pools, "live", {})
+        workers = tuple(w for w, beat in live.items() if beat.pool == pool)
+        loads = self.worker_loads(workers)
+        return sum(loads.get(w, 0) for w in workers), sum(live[w].capacity for w in workers)
+
+    def _check_overload(self, pool: str, tenant: str, deadline: float) -> None:
+        load, capacity = self.pool_room(pool)
+        if capacity <= 0:
             return
-        load = self.worker_loads(workers).get(worker, 0)
+        ahead = self.fair.ahead(pool, tenant) if self.fair is not None else 0
         try:
-            self.overload.check(pool, worker, load, beat.capacity, deadline - time.time())
+            self.overload.check(pool, pool, load + ahead, capacity, deadline - time.time())
         except GatewayError:
             self.metrics.overload_refusals.add(1, {"pool": pool})
             raise
@@ -297,6 +319,8 @@ class Dispatcher:
         if per_pool[job.token] <= 0:
             del per_pool[job.token]
         self.metrics.in_flight.add(-1)
+        if self.fair is not None:
+            self.fair.kick(job.pool)  # a place is free: the next tenant in turn goes
 
     def _unload(self, worker: str) -> None:
         self.fleet.answered(worker)
@@ -369,6 +393,8 @@ class Dispatcher:
         except ValidationError:
             return
         self.fleet.reported(load.worker_id, load.in_flight, load.ts)
+        if self.fair is not None:
+            self.fair.kick()  # another gateway's request finished there: room for the next in turn
 
     async def _on_token(self, msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]

@@ -24,6 +24,7 @@ class GatewayMetrics:
     stage_s: Histogram  # stage: services.gateway.timeline.STAGES
     throttled: Counter  # tenant, limit: requests refused with 429
     overload_refusals: Counter  # pool: refused at once, the pool could not finish them in time
+    fair_wait_s: Histogram  # tenant, tier: time waited for a fair share of a full pool
 
     @classmethod
     def create(cls, meter: Meter) -> GatewayMetrics:
@@ -49,6 +50,8 @@ class GatewayMetrics:
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
             stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
             throttled=meter.create_counter("lpx_gateway_throttled", description="requests refused over a tenant limit"),
+            fair_wait_s=histogram("lpx_gateway_fair_wait", "time a request waited for its tenant's fair share of a "
+                                  "full pool (a starved tenant shows here)"),
             overload_refusals=meter.create_counter("lpx_gateway_overload_refusals",
                                                    description="requests refused early: the pool could not finish "
                                                    "them before their deadline"),

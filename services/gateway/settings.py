@@ -70,6 +70,10 @@ class GatewaySettings(ServiceSettings):
     # instead of 504 after the whole deadline; margin < 1 refuses earlier, > 1 later.
     early_refusal: bool = True
     overload_margin: float = Field(1.0, gt=0, le=10)
+    # Once a pool's load reaches fair_headroom x its capacity, requests wait at the gateway per tenant and
+    # go on by fair share, interactive before batch (services/gateway/fairness.py); false: FIFO.
+    fair_queuing: bool = True
+    fair_headroom: float = Field(1.25, ge=1, le=10)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
     base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])
 

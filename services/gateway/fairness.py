@@ -1,0 +1,169 @@
+"""Fair share of a saturated pool across tenants, interactive work first.
+
+While a pool has room (its load, in flight + queued on its workers as the routing sees it, is below
+`headroom` x the sum of its workers' capacities) a request goes straight on: nothing changes for a pool
+that keeps up. Once it is full, requests wait here, one queue per tenant, and each freed place goes to
+the next tenant by deficit round robin (each tenant's turn is worth its weight, default 1), so a tenant
+sending 10x its share waits behind itself, not in front of everyone else; and it still gets every place
+nobody else wants (work-conserving). Interactive requests (HTTP) are served before batch ones (async
+submissions), which fill what interactive traffic leaves.
+
+Counted per gateway replica from the pool's load signal (heartbeats + every gateway's recent deltas):
+several replicas each grant places from the same view, so the pool can briefly take a few more than
+its headroom. Hand-written: deficit round robin over asyncio futures (no library schedules asyncio
+waiters across tenants).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.gateway import errors
+
+INTERACTIVE, BATCH = "interactive", "batch"
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future
+    since: float
+
+
+@dataclass
+class _Pool:
+    # tier -> tenant -> waiters (oldest first); tier -> tenants in round-robin order
+    waiting: dict[str, dict[str, deque[_Waiter]]] = field(default_factory=lambda: defaultdict(dict))
+    order: dict[str, deque[str]] = field(default_factory=lambda: defaultdict(deque))
+    deficit: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    granted: int = 0  # places given and not yet visible in the load signal (dispatch under way)
+
+
+class FairQueue:
+    def __init__(
+        self,
+        room: Callable[[str], tuple[int, int]],
+        *,
+        headroom: float = 1.25,
+        weight_of: Callable[[str], float] | None = None,
+        on_wait: Callable[[str, str, float], None] | None = None,
+    ) -> None:
+        """`room(pool)` -> (load, capacity) of the pool now."""
+        self._room = room
+        self.headroom = headroom
+        self._weight_of = weight_of or (lambda tenant: 1.0)
+        self.on_wait = on_wait or (lambda tenant, tier, waited: None)
+        self._pools: dict[str, _Pool] = defaultdict(_Pool)
+
+    # --- what the dispatcher calls -------------------------------------------------------------------
+    async def acquire(self, pool: str, tenant: str, tier: str, deadline: float | None) -> None:
+        """Returns when `tenant` may dispatch into `pool`; 504 when its deadline passes first."""
+        state = self._pools[pool]
+        if not self.waiting(pool) and self._has_room(pool, state):
+            state.granted += 1
+            return
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), time.monotonic())
+        queue = state.waiting[tier].setdefault(tenant, deque())
+        if not queue:
+            state.order[tier].append(tenant)
+        queue.append(waiter)
+        self.kick(pool)
+        timeout = None if deadline is None else max(0.0, deadline - time.time())
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+        except TimeoutError:
+            if waiter.future.done():  # granted in the same instant: take it
+                return
+            waiter.future.cancel()
+            self._forget(state, tier, tenant, waiter)
+            raise errors.deadline(timeout or 0.0) from None
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.dispatched(pool)  # granted, then the caller went away: give the place back
+            else:
+                waiter.future.cancel()
+                self._forget(state, tier, tenant, waiter)
+            raise
+        self.on_wait(tenant, tier, time.monotonic() - waiter.since)
+
+    def dispatched(self, pool: str) -> None:
+        """The granted request is dispatched (now in the load signal) or failed: one place less pending."""
+        state = self._pools[pool]
+        state.granted = max(0, state.granted - 1)
+        self.kick(pool)
+
+    def kick(self, pool: str | None = None) -> int:
+        """Grant freed places to the waiting tenants (deficit round robin, interactive first)."""
+        granted = 0
+        for name in [pool] if pool is not None else list(self._pools):
+            state = self._pools[name]
+            while self._has_room(name, state):
+                waiter = self._next(state)
+                if waiter is None:
+                    break
+                waiter.future.set_result(None)
+                state.granted += 1
+                granted += 1
+        return granted
+
+    def ahead(self, pool: str, tenant: str) -> int:
+        """About how many grants come before a new request of `tenant` (round robin: its own waiting
+        requests plus this one, once per tenant waiting)."""
+        state = self._pools.get(pool)
+        if state is None:
+            return 0
+        tenants = {t for tier in state.waiting.values() for t, q in tier.items() if q} | {tenant}
+        return (self.waiting(pool, tenant) + 1) * len(tenants) - 1 if self.waiting(pool) else 0
+
+    def waiting(self, pool: str, tenant: str | None = None) -> int:
+        state = self._pools.get(pool)
+        if state is None:
+            return 0
+        return sum(len(q) for tier in state.waiting.values() for t, q in tier.items() if tenant in (None, t))
+
+    # --- internals -----------------------------------------------------------------------------------
+    def _has_room(self, pool: str, state: _Pool) -> bool:
+        load, capacity = self._room(pool)
+        if capacity <= 0:
+            return True  # no live worker known: the dispatcher answers 503 at once
+        return load + state.granted < capacity * self.headroom
+
+    def _next(self, state: _Pool) -> _Waiter | None:
+        for tier in (INTERACTIVE, BATCH):
+            order, queues = state.order[tier], state.waiting[tier]
+            while order:  # ends: every turn grants or adds a positive weight to a deficit
+                tenant = order[0]
+                queue = queues.get(tenant)
+                while queue and queue[0].future.done():  # timed out or cancelled meanwhile
+                    queue.popleft()
+                if not queue:
+                    order.popleft()
+                    queues.pop(tenant, None)
+                    state.deficit.pop(tenant, None)
+                    continue
+                if state.deficit[tenant] < 1.0:
+                    state.deficit[tenant] += self._weight_of(tenant)
+                    order.rotate(-1)
+                    continue
+                state.deficit[tenant] -= 1.0
+                waiter = queue.popleft()
+                if not queue:
+                    order.popleft()
+                    queues.pop(tenant, None)
+                    state.deficit.pop(tenant, None)
+                return waiter
+        return None
+
+    @staticmethod
+    def _forget(state: _Pool, tier: str, tenant: str, waiter: _Waiter) -> None:
+        queue = state.waiting[tier].get(tenant)
+        if queue and waiter in queue:
+            queue.remove(waiter)
+        if queue is not None and not queue:
+            state.waiting[tier].pop(tenant, None)
+            if tenant in state.order[tier]:
+                state.order[tier].remove(tenant)
+            state.deficit.pop(tenant, None)

@@ -1,0 +1,127 @@
+"""Fair share of a full pool (services/gateway/fairness.py): straight through while there is room;
+once full, freed places go round robin across tenants (weights), interactive before batch; waiters
+whose deadline passes get 504 and leave no trace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.gateway.errors import GatewayError
+from services.gateway.fairness import BATCH, INTERACTIVE, FairQueue
+
+
+class Pool:
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.load = capacity, 0
+
+    def room(self, _pool: str) -> tuple[int, int]:
+        return self.load, self.capacity
+
+
+async def grant_order(fair: FairQueue, pool: Pool, arrivals: list[tuple[str, str]], frees: int) -> list[str]:
+    """Queue `arrivals` (tenant, tier) on a full pool, then free `frees` places one by one."""
+    order: list[str] = []
+
+    async def one(tenant: str, tier: str) -> None:
+        await fair.acquire("p", tenant, tier, deadline=time.time() + 30)
+        order.append(tenant)
+        pool.load += 1  # dispatched: now in the load signal
+        fair.dispatched("p")
+
+    tasks = []
+    for tenant, tier in arrivals:
+        tasks.append(asyncio.create_task(one(tenant, tier)))
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+    for _ in range(frees):
+        pool.load -= 1
+        fair.kick("p")
+        await asyncio.sleep(0.01)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return order
+
+
+async def test_with_room_requests_go_straight_through():
+    pool = Pool(capacity=4)
+    fair = FairQueue(pool.room, headroom=1.0)
+    for _ in range(4):
+        await asyncio.wait_for(fair.acquire("p", "a", INTERACTIVE, None), 0.1)
+        pool.load += 1
+        fair.dispatched("p")
+    assert fair.waiting("p") == 0
+
+
+async def test_a_flooding_tenant_waits_behind_itself_not_in_front_of_the_others():
+    pool = Pool(capacity=2)
+    pool.load = 2  # full
+    fair = FairQueue(pool.room, headroom=1.0)
+    arrivals = [("flood", INTERACTIVE)] * 10 + [("calm", INTERACTIVE), ("other", INTERACTIVE)]
+    order = await grant_order(fair, pool, arrivals, frees=6)
+    # FIFO would serve 10 flood requests first; round robin serves calm and other within the first 3.
+    assert order[:3].count("flood") == 1 and {"calm", "other"} <= set(order[:3])
+    assert order[3:] == ["flood"] * 3  # and then flood gets every place nobody else wants
+
+
+async def test_weights_share_places_in_proportion():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    weights = {"heavy": 3.0, "light": 1.0}
+    fair = FairQueue(pool.room, headroom=1.0, weight_of=weights.get)
+    arrivals = [("heavy", INTERACTIVE)] * 12 + [("light", INTERACTIVE)] * 12
+    order = await grant_order(fair, pool, arrivals, frees=16)
+    assert order.count("heavy") == 12 and order.count("light") == 4
+
+
+async def test_interactive_requests_go_before_batch_work():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    fair = FairQueue(pool.room, headroom=1.0)
+    arrivals = [("batchy", BATCH)] * 5 + [("chat", INTERACTIVE)] * 2
+    order = await grant_order(fair, pool, arrivals, frees=4)
+    assert order == ["chat", "chat", "batchy", "batchy"]
+
+
+async def test_a_waiter_whose_deadline_passes_gets_504_and_leaves_no_trace():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    fair = FairQueue(pool.room, headroom=1.0)
+    with pytest.raises(GatewayError) as caught:
+        await fair.acquire("p", "a", INTERACTIVE, deadline=time.time() + 0.05)
+    assert caught.value.status == 504
+    assert fair.waiting("p") == 0
+    pool.load = 0
+    await asyncio.wait_for(fair.acquire("p", "b", INTERACTIVE, None), 0.1)  # nothing stuck in front
+
+
+async def test_a_cancelled_waiter_gives_its_place_to_the_next():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    fair = FairQueue(pool.room, headroom=1.0)
+    gone = asyncio.create_task(fair.acquire("p", "a", INTERACTIVE, None))
+    stays = asyncio.create_task(fair.acquire("p", "b", INTERACTIVE, None))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    await asyncio.sleep(0.01)
+    pool.load = 0
+    fair.kick("p")
+    await asyncio.wait_for(stays, 0.1)
+    assert fair.waiting("p") == 0
+
+
+async def test_ahead_counts_rounds_of_the_waiting_tenants():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    fair = FairQueue(pool.room, headroom=1.0)
+    assert fair.ahead("p", "calm") == 0
+    tasks = [asyncio.create_task(fair.acquire("p", "flood", INTERACTIVE, None)) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    assert fair.ahead("p", "calm") == 1  # one flood request, then calm's turn
+    assert fair.ahead("p", "flood") == 5  # behind its own five
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
