@@ -150,6 +150,7 @@ def render(report: dict, out: Path) -> None:
             f"{ratio:.2f}x" if ratio else "-",
             f"{r['steady_answered_share']:.0%}",
             f"{r['flood_answered_rps']:.1f}",
+            f"{r['total_answered_rps']:.1f}",
         ]
         print(f"{name:28}{cells[0]:>14}{cells[1]:>9}{cells[2]:>11}{cells[3]:>16}{cells[4]:>14}")
     spare = idle["capacity_rps"] - 4 * cfg["steady_rps"]
