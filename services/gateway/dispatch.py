@@ -230,20 +230,20 @@ class Dispatcher:
         if request.request_id in self.jobs:
             raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
                                      "duplicate_request")  # fmt: skip
-        try:
-            choice = self.pools.select(request.base_model, rank)
-        except NoPoolError as exc:
-            raise errors.unavailable(str(exc), "no_worker_available") from None
+        choice = self._select(request, rank)
         if interactive and self.overload is not None and request.deadline is not None:
             self._check_overload(choice.pool, request.tenant_id, request.deadline)
+        granted = choice.pool
         if self.fair is not None:
-            await self.fair.acquire(choice.pool, request.tenant_id, INTERACTIVE if interactive else BATCH,
+            await self.fair.acquire(granted, request.tenant_id, INTERACTIVE if interactive else BATCH,
                                     request.deadline)  # fmt: skip
         try:
+            if self.fair is not None:
+                choice = self._select(request, rank)  # workers may have come or gone while it waited
             job = self._assign(request, choice, stream)
         finally:
             if self.fair is not None:
-                self.fair.dispatched(choice.pool)  # in the load signal now (or failed): no longer pending
+                self.fair.dispatched(granted)  # in the load signal now (or failed): no longer pending
         try:
             job.publish_started_at = time.time()
             await self.publish(job, subjects.infer(job.pool, job.worker, job.token), self._msg_id(request.request_id))
@@ -255,6 +255,12 @@ class Dispatcher:
         self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": job.decision.affinity_hit,
                                      "spilled": job.decision.spilled})  # fmt: skip
         return job
+
+    def _select(self, request: InferenceRequest, rank: int | None):
+        try:
+            return self.pools.select(request.base_model, rank)
+        except NoPoolError as exc:
+            raise errors.unavailable(str(exc), "no_worker_available") from None
 
     def _assign(self, request: InferenceRequest, choice, stream: bool) -> Job:
         """Route (on the loads of now, after any wait) and count the job against its worker."""

@@ -100,6 +100,8 @@ class FairQueue:
         granted = 0
         for name in [pool] if pool is not None else list(self._pools):
             state = self._pools[name]
+            if not self.waiting(name):
+                continue  # nothing to grant: the load is not even looked at
             while self._has_room(name, state):
                 waiter = self._next(state)
                 if waiter is None:
