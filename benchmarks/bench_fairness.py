@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -29,10 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 
-from benchmarks.registry_inproc import admin_client, start_registry  # noqa: E402
+from benchmarks.registry_inproc import stack_with_tenants  # noqa: E402
 from libs.fleet import Fleet, FleetSpec  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
 
 BASE = "smollm2-135m"
 STEADY = ("calm-b", "calm-c", "calm-d", "calm-e")
@@ -114,23 +111,11 @@ def summarise(samples: list, duration: float, capacity_rps: float, rates: dict[s
 
 
 async def main_async(args) -> dict:
-    state = Path(tempfile.mkdtemp(prefix="lpx-bench-fairness-"))
-    os.chmod(state, 0o755)
-    stack = Stack(StackConfig(dir=state / "stack"))
-    stack.up()
-    lifespan = None
-    try:
-        app, lifespan = await start_registry(ConnectionSettings.load(stack.env_file), f"fair_{uuid.uuid4().hex[:8]}")
-        async with admin_client(app) as client:
-            keys = {t: (await client.post("/v1/tenants", json={"name": t})).json()["api_key"] for t in (*STEADY, FLOOD)}
+    async with stack_with_tenants("fairness", [*STEADY, FLOOD]) as (stack, state, keys):
         results = {}
         for name, fair, flooding in RUNS:
             results[name] = await run(stack, state, keys, args, name, fair, flooding)
             print(f"  measured: {name}", flush=True)
-    finally:
-        if lifespan is not None:
-            await lifespan.__aexit__(None, None, None)
-        stack.purge()
     return {"config": vars(args) | {"out": str(args.out)}, "results": results}
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -28,10 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 
-from benchmarks.registry_inproc import admin_client, start_registry  # noqa: E402
+from benchmarks.registry_inproc import stack_with_tenants  # noqa: E402
 from libs.fleet import Fleet, FleetSpec  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
 
 BASE = "smollm2-135m"
 MODES = {"early refusal": "true", "accept all": "false"}
@@ -91,25 +88,11 @@ def summarise(outcomes: list[tuple[int, str, float]], wall: float) -> dict:
 
 
 async def main_async(args) -> dict:
-    state = Path(tempfile.mkdtemp(prefix="lpx-bench-overload-"))
-    os.chmod(state, 0o755)
-    stack = Stack(StackConfig(dir=state / "stack"))
-    stack.up()
-    lifespan = None
-    try:
-        app, lifespan = await start_registry(
-            ConnectionSettings.load(stack.env_file), f"overload_{uuid.uuid4().hex[:8]}"
-        )
-        async with admin_client(app) as client:
-            key = (await client.post("/v1/tenants", json={"name": "burst"})).json()["api_key"]
+    async with stack_with_tenants("overload", ["burst"]) as (stack, state, keys):
         results = {}
         for mode in MODES:
-            results[mode] = await run_mode(stack, state, key, args, mode)
+            results[mode] = await run_mode(stack, state, keys["burst"], args, mode)
             print(f"  measured: {mode}", flush=True)
-    finally:
-        if lifespan is not None:
-            await lifespan.__aexit__(None, None, None)
-        stack.purge()
     return {"config": vars(args) | {"out": str(args.out)}, "results": results}
 
 

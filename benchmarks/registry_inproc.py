@@ -3,6 +3,10 @@ its lifespan (NATS responders, outbox), and an admin HTTP client over ASGI."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import uuid
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -40,3 +44,26 @@ def adapter_files(path: Path) -> list[tuple]:
     """An adapter directory as the registry's multipart push expects it."""
     files = sorted(f for f in path.iterdir() if f.is_file())
     return [("files", (f.name, f.read_bytes(), "application/octet-stream")) for f in files]
+
+
+@asynccontextmanager
+async def stack_with_tenants(name: str, tenants: list[str]):
+    """A fresh local stack in a temporary folder and the registry in-process with `tenants` created;
+    yields (stack, state folder, tenant -> API key). Everything is stopped and deleted afterwards."""
+    from libs.settings import ConnectionSettings
+    from libs.stack import Stack, StackConfig
+
+    state = Path(tempfile.mkdtemp(prefix=f"lpx-bench-{name}-"))
+    os.chmod(state, 0o755)
+    stack = Stack(StackConfig(dir=state / "stack"))
+    stack.up()
+    lifespan = None
+    try:
+        app, lifespan = await start_registry(ConnectionSettings.load(stack.env_file), f"{name}_{uuid.uuid4().hex[:8]}")
+        async with admin_client(app) as client:
+            keys = {t: (await client.post("/v1/tenants", json={"name": t})).json()["api_key"] for t in tenants}
+        yield stack, state, keys
+    finally:
+        if lifespan is not None:
+            await lifespan.__aexit__(None, None, None)
+        stack.purge()
