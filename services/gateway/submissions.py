@@ -153,7 +153,9 @@ class SubmissionConsumer:
         except GatewayError as exc:
             return InferenceResult(request_id=rid, worker_id="gateway", ok=False,
                                    error=ErrorInfo(code=exc.code, message=exc.message))  # fmt: skip
-        return checked.model_copy(update={"request_id": rid})
+        # The worker's answer under the submission's id. Usage metering counted the worker's answer
+        # already (under the work id): this copy names no tenant, so it is not counted twice.
+        return checked.model_copy(update={"request_id": rid, "tenant": None})
 
     async def _generate(self, submit: SubmitRequest, work_id: str) -> InferenceResult:
         g = self.gateway

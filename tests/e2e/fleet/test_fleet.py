@@ -53,7 +53,18 @@ async def _stored_results_per_id(js, rids: list[str]) -> dict[str, int]:
     return {rid: counts.get(subjects.results(rid), 0) for rid in rids}
 
 
-async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, fleet_tenant, connections):
+async def _usage_totals(registry, tenant: str, requests: int, timeout_s: float = 60) -> dict:
+    """The registry's usage totals for `tenant` once it has counted `requests` requests."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        totals = (await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": 2})).json()["totals"]
+        if totals["requests"] >= requests or time.monotonic() > deadline:
+            return totals
+        await asyncio.sleep(0.5)
+
+
+async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, fleet_tenant, connections,
+                                                                     gateway_registry):  # noqa: F811
     from libs.client import LoraplexClient
 
     urls = [fleet.start_gateway(f"gw-{i}") for i in range(GATEWAYS)]
@@ -100,3 +111,11 @@ async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, flee
         survivors = {f"sim-{i}" for i in range(KILLED_WORKERS, WORKERS)}
         served = {r.worker_id for r in results}
         assert served & survivors and len(served) >= WORKERS - KILLED_WORKERS
+
+    # Usage metering counted each request once, re-routed ones included: its totals are exactly the
+    # tokens the callers got back.
+    returned = [(r.prompt_tokens, r.completion_tokens) for r in results]
+    returned += [(b["usage"]["prompt_tokens"], b["usage"]["completion_tokens"]) for _, b in answered_http]
+    totals = await _usage_totals(gateway_registry, fleet_tenant.tenant, len(returned))
+    assert totals == {"requests": len(returned), "prompt_tokens": sum(p for p, _ in returned),
+                      "completion_tokens": sum(c for _, c in returned), "errors": 0}  # fmt: skip
