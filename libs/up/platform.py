@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from libs.paths import platform_env_file, stack_env_file, up_dir
+from libs.stack.procs import free_port
 from libs.up import plan
 from libs.up.plan import PlanError, ServiceSpec
 from libs.up.runner import read_starts
@@ -135,7 +136,7 @@ class LocalPlatform:
         )
 
     def _port(self, service: str, pinned: int, record: dict, check: bool) -> int:
-        port = pinned or record.get("ports", {}).get(service) or _free_port()
+        port = pinned or record.get("ports", {}).get(service) or free_port()
         if check and not _port_free(port):
             variable = f"LPX_UP_{service.upper()}_PORT"
             raise PlanError(
@@ -321,12 +322,6 @@ class LocalPlatform:
         if not path.exists():
             return "(no log yet)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_free(port: int) -> bool:
