@@ -69,10 +69,12 @@ class LoraplexClient:
                      prompt: str | None = None, max_tokens: int = 128, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
                      timeout_s: float | None = None, request_id: str | None = None,
-                     api_key: str | None = None, publish_retry_s: float = 30.0) -> str:  # fmt: skip
+                     api_key: str | None = None, publish_retry_s: float = 30.0,
+                     tier: str = "batch") -> str:  # fmt: skip
         """Queue one request; returns its request id as soon as JetStream has stored it. While the broker
         is away (restart, leader election) the publish is retried for `publish_retry_s` with the same
-        Nats-Msg-Id, so it is stored once however many tries it takes."""
+        Nats-Msg-Id, so it is stored once however many tries it takes. `tier`: batch (fills the capacity
+        interactive traffic leaves) or interactive (admitted ahead of batch work in a full pool)."""
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
@@ -81,7 +83,7 @@ class LoraplexClient:
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop),
                                     seed=seed),
-            stream=stream, timeout_s=timeout_s,
+            stream=stream, timeout_s=timeout_s, tier=tier,
         )  # fmt: skip
         await publish_retrying(self.js, subjects.SUBMIT, request.model_dump_json().encode(),
                                headers={"Nats-Msg-Id": request.request_id}, stream=subjects.SUBMIT_STREAM,

@@ -102,7 +102,7 @@ def tenant_create(name: str) -> None:
 @tenant_app.command("list")
 def tenant_list() -> None:
     """Every tenant, with its eval threshold and its limits at the gateway."""
-    table = Table("tenant", "eval threshold", "req/s", "tokens/min", "in flight", "created")
+    table = Table("tenant", "eval threshold", "req/s", "tokens/min", "in flight", "weight", "created")
     for row in _call("GET", "/v1/tenants"):
         threshold = row.get("eval_threshold")
         table.add_row(row["name"], "default" if threshold is None else f"{threshold:.2f}", *_limits_cells(row),
@@ -110,7 +110,9 @@ def tenant_list() -> None:
     out.print(table)
 
 
-LIMIT_FIELDS = ("rps_limit", "tpm_limit", "concurrency_limit")
+LIMIT_FIELDS = ("rps_limit", "tpm_limit", "concurrency_limit", "fair_weight")
+# CLI/API field -> the tenant row's column
+_LIMIT_COLUMNS = {"rps": "rps_limit", "tpm": "tpm_limit", "concurrency": "concurrency_limit", "weight": "fair_weight"}
 
 
 def _limits_cells(row: dict) -> list[str]:
@@ -123,6 +125,9 @@ def tenant_limits(
     rps: float | None = typer.Option(None, "--rps", help="requests per second (burst: one second's worth)"),
     tpm: int | None = typer.Option(None, "--tpm", help="prompt + completion tokens per minute"),
     concurrency: int | None = typer.Option(None, "--concurrency", help="requests in flight at once"),
+    weight: float | None = typer.Option(
+        None, "--weight", help="share of a full pool relative to other tenants (default 1: equal shares)"
+    ),
     default: bool = typer.Option(False, "--default", help="clear every limit: the pool defaults apply"),
 ) -> None:
     """Show or set a tenant's limits at the gateway (every gateway applies a change within a second).
@@ -130,14 +135,18 @@ def tenant_limits(
     current = next((row for row in _call("GET", "/v1/tenants") if row["name"] == name), None)
     if current is None:
         _fail(f"no tenant {name!r}")
-    if default or any(v is not None for v in (rps, tpm, concurrency)):
-        body = {"rps": rps, "tpm": tpm, "concurrency": concurrency}
+    given = {"rps": rps, "tpm": tpm, "concurrency": concurrency, "weight": weight}
+    if default or any(v is not None for v in given.values()):
+        body = given
         if not default:
-            keep = {"rps": "rps_limit", "tpm": "tpm_limit", "concurrency": "concurrency_limit"}
-            body = {k: v if v is not None else current[keep[k]] for k, v in body.items()}
+            body = {k: v if v is not None else current[_LIMIT_COLUMNS[k]] for k, v in given.items()}
         current = _call("PUT", f"/v1/tenants/{name}/limits", json=body)
-    rps_cell, tpm_cell, concurrency_cell = _limits_cells(current)
-    out.print(f"tenant {name}: {rps_cell} req/s, {tpm_cell} tokens/min, {concurrency_cell} in flight")
+    rps_cell, tpm_cell, concurrency_cell, weight_cell = _limits_cells(current)
+    weight_cell = "1 (default)" if weight_cell == "default" else weight_cell
+    out.print(
+        f"tenant {name}: {rps_cell} req/s, {tpm_cell} tokens/min, {concurrency_cell} in flight, "
+        f"fair-share weight {weight_cell}"
+    )
 
 
 @tenant_app.command("keys")

@@ -42,6 +42,9 @@ __all__ = [
     "MAX_LIMIT_RPS",
     "MAX_LIMIT_TPM",
     "MAX_LIMIT_CONCURRENCY",
+    "MAX_FAIR_WEIGHT",
+    "TenantUsageDelta",
+    "LimitReport",
     "TrainJob",
     "TrainProgress",
     "TrainStage",
@@ -288,6 +291,7 @@ class ResolveRequest(Message):
 MAX_LIMIT_RPS = 100_000.0
 MAX_LIMIT_TPM = 1_000_000_000
 MAX_LIMIT_CONCURRENCY = 100_000
+MAX_FAIR_WEIGHT = 1_000.0
 
 
 class TenantLimits(BaseModel):
@@ -297,6 +301,27 @@ class TenantLimits(BaseModel):
     rps: float | None = Field(None, gt=0, le=MAX_LIMIT_RPS, description="requests per second")
     tpm: int | None = Field(None, gt=0, le=MAX_LIMIT_TPM, description="prompt + completion tokens per minute")
     concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY, description="requests in flight")
+    weight: float | None = Field(
+        None, gt=0, le=MAX_FAIR_WEIGHT, description="share of a full pool relative to other tenants (default 1)"
+    )
+
+
+class TenantUsageDelta(BaseModel):
+    """What one gateway admitted for one tenant since its last report."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests: int = Field(0, ge=0)
+    tokens: int = 0  # estimates charged at admission, then corrections (negative) when answers come
+    in_flight: int = Field(0, ge=0)  # the gateway's requests of this tenant in flight now (absolute)
+
+
+class LimitReport(Message):
+    """`subjects.gateway_limits(gateway)`, core NATS, several times a second: one gateway's admissions per
+    tenant, so that every replica counts the others' against the tenants' limits."""
+
+    gateway_id: str
+    tenants: dict[str, TenantUsageDelta] = Field(default_factory=dict)
+    ts: float = Field(default_factory=time.time)
 
 
 class TenantEventKind(StrEnum):
@@ -412,6 +437,8 @@ class SubmitRequest(Message):
     stream: bool = False
     timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)  # None: the gateway's default
     submitted_at: float = Field(default_factory=time.time)
+    # batch (default): fills the capacity interactive traffic leaves; interactive: admitted like an HTTP call.
+    tier: Literal["batch", "interactive"] = "batch"
 
 
 class TenantAuthRequest(Message):

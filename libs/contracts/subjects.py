@@ -111,6 +111,14 @@ def worker_load(pool: str, worker: str) -> str:
     return f"{PREFIX}.load.{token(pool)}.{token(worker)}"
 
 
+# Each gateway's admissions per tenant, a few times a second (core NATS, not stored): see LimitReport.
+GATEWAY_LIMITS_ALL = f"{PREFIX}.limits.>"
+
+
+def gateway_limits(gateway: str) -> str:
+    return f"{PREFIX}.limits.{token(gateway)}"
+
+
 def prewarm(pool: str) -> str:
     """Control subject: pre-warm the given adapters on every worker of the pool (core NATS)."""
     return f"{PREFIX}.control.{token(pool)}.prewarm"

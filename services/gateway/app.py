@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +19,7 @@ from services.gateway import errors
 from services.gateway.auth import tenant_of
 from services.gateway.dispatch import Dispatcher, Job
 from services.gateway.errors import GatewayError
+from services.gateway.limit_sync import LimitSync
 from services.gateway.limits import TenantLimiter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.overload import OverloadGuard
@@ -40,6 +41,7 @@ class Prepared:
     base_model: str
     adapter: AdapterRef | None  # None: the base model itself
     limits: TenantLimits | None = None  # the tenant's own (None: the pool defaults)
+    api_key: str = field(default="", repr=False)  # to check the key again after a wait in a full pool
 
     @property
     def expected_digest(self) -> str | None:
@@ -66,6 +68,10 @@ class Gateway:
         self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)
         self._tenant_events = await self.nc.subscribe(subjects.TENANT_EVENTS, cb=self._on_tenant_event)
         self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
+        self.limit_sync = LimitSync(self.nc, self.limiter, s.gateway_id, interval_s=s.limit_sync_s)
+        if s.limit_sync_s > 0:
+            await self.limit_sync.start()
+        self.weights: dict[str, float] = {}  # tenant -> its fair-share weight, as last resolved
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         overload = OverloadGuard(margin=s.overload_margin) if s.early_refusal else None
         headroom = s.fair_headroom if s.fair_queuing else None
@@ -77,6 +83,8 @@ class Gateway:
                                      overload=overload, fair_headroom=headroom)  # fmt: skip
         if self.dispatcher.fair is not None:
             self.dispatcher.fair.on_wait = self._fair_wait
+            self.dispatcher.fair.weight_of = lambda tenant: self.weights.get(tenant, 1.0)
+            self.metrics.observe_fair_queue(self.dispatcher.fair)
         # While the broker is away the view cannot see heartbeats: it keeps the workers it knew instead
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)
@@ -94,6 +102,7 @@ class Gateway:
         if not self.started:
             return
         await self.submissions.stop()
+        await self.limit_sync.stop()
         await self.pools.stop()
         await self.dispatcher.stop()
         await self.link.close()
@@ -131,7 +140,7 @@ class Gateway:
             auth = await self.cache.authenticate(tenant, api_key)
             if not auth.ok:
                 raise _refusal(auth.code, model)
-            return Prepared(tenant, model, model, None, auth.limits)
+            return self._prepared(Prepared(tenant, model, model, None, auth.limits, api_key))
         try:
             subjects.token(model)
         except ValueError:
@@ -139,7 +148,20 @@ class Gateway:
         reply = await self.cache.resolve(tenant, model, api_key)
         if not reply.found or reply.adapter is None:
             raise _refusal(reply.code, model)
-        return Prepared(tenant, model, reply.adapter.base_model, reply.adapter, reply.limits)
+        return self._prepared(Prepared(tenant, model, reply.adapter.base_model, reply.adapter, reply.limits, api_key))
+
+    def _prepared(self, prepared: Prepared) -> Prepared:
+        weight = prepared.limits.weight if prepared.limits and prepared.limits.weight else 1.0
+        if weight == 1.0:
+            self.weights.pop(prepared.tenant, None)
+        else:
+            self.weights[prepared.tenant] = weight
+        return prepared
+
+    async def still_allowed(self, prepared: Prepared) -> None:
+        """After a wait for a full pool: 401/404 when the key was revoked or the model went away
+        meanwhile (a revocation's event dropped the cached answer, so this asks the registry)."""
+        await self.prepare(prepared.api_key, prepared.model)
 
     async def models(self, api_key: str) -> tuple[str, list[str]]:
         tenant = tenant_of(api_key)
@@ -163,13 +185,19 @@ class Gateway:
 
     async def dispatch(self, prepared: Prepared, *, request_id: str, prompt: str | None,
                        messages: list[ChatMessage] | None, sampling: SamplingParams, deadline: float,
-                       stream: bool, interactive: bool = True) -> Job:  # fmt: skip
+                       stream: bool, interactive: bool = True, refuse_early: bool | None = None) -> Job:  # fmt: skip
         request = InferenceRequest(request_id=request_id, tenant_id=prepared.tenant, base_model=prepared.base_model,
                                    adapter=prepared.adapter, prompt=prompt, messages=messages, sampling=sampling,
                                    stream=stream, deadline=deadline, reply_to=self.settings.gateway_id)  # fmt: skip
-        # Interactive requests the pool cannot finish in time are refused at once; async submissions queue.
-        return await self.dispatcher.submit(request, rank=prepared.adapter.rank if prepared.adapter else None,
-                                            stream=stream, interactive=interactive)  # fmt: skip
+        # HTTP requests the pool cannot finish in time are refused at once; async submissions queue.
+        return await self.dispatcher.submit(
+            request,
+            rank=prepared.adapter.rank if prepared.adapter else None,
+            stream=stream,
+            interactive=interactive,
+            refuse_early=interactive if refuse_early is None else refuse_early,
+            after_wait=lambda: self.still_allowed(prepared),
+        )
 
 
 def _refusal(code: str, model: str) -> GatewayError:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.js.errors import NotFoundError
@@ -222,22 +222,35 @@ class Dispatcher:
         return self.fleet.loads(workers, getattr(self.pools, "live", {}), self.loads)
 
     # --- submitting ----------------------------------------------------------------------------
-    async def submit(self, request: InferenceRequest, *, rank: int | None, stream: bool = False,
-                     interactive: bool = True) -> Job:  # fmt: skip
-        """Route and publish one request; GatewayError 503 when no worker can take it, or (interactive
-        requests) when it could not finish before its deadline. While the pool is full it waits for
-        its fair share (interactive before batch)."""
+    async def submit(
+        self,
+        request: InferenceRequest,
+        *,
+        rank: int | None,
+        stream: bool = False,
+        interactive: bool = True,
+        refuse_early: bool | None = None,
+        after_wait: Callable[[], Awaitable[object]] | None = None,
+    ) -> Job:
+        """Route and publish one request; GatewayError 503 when no worker can take it, or (with
+        `refuse_early`, default: interactive requests) when it could not finish before its deadline.
+        While the pool is full it waits for its fair share (interactive before batch); after a wait,
+        `after_wait` may still refuse it (a key revoked meanwhile)."""
         if request.request_id in self.jobs:
             raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
                                      "duplicate_request")  # fmt: skip
         choice = self._select(request, rank)
-        if interactive and self.overload is not None and request.deadline is not None:
+        refuse_early = interactive if refuse_early is None else refuse_early
+        if refuse_early and self.overload is not None and request.deadline is not None:
             self._check_overload(choice.pool, request.tenant_id, request.deadline)
         granted = choice.pool
+        waited = False
         if self.fair is not None:
-            await self.fair.acquire(granted, request.tenant_id, INTERACTIVE if interactive else BATCH,
-                                    request.deadline)  # fmt: skip
+            tier = INTERACTIVE if interactive else BATCH
+            waited = await self.fair.acquire(granted, request.tenant_id, tier, request.deadline)
         try:
+            if waited and after_wait is not None:
+                await after_wait()
             if self.fair is not None:
                 choice = self._select(request, rank)  # workers may have come or gone while it waited
             job = self._assign(request, choice, stream)

@@ -33,6 +33,15 @@ class _Waiter:
     since: float
 
 
+@dataclass(frozen=True)
+class TenantWait:
+    pool: str
+    tenant: str
+    waiting: int
+    oldest_wait_s: float
+    share: float  # its weight over the summed weights of the tenants waiting in the pool
+
+
 @dataclass
 class _Pool:
     # tier -> tenant -> waiters (oldest first); tier -> tenants in round-robin order
@@ -40,6 +49,7 @@ class _Pool:
     order: dict[str, deque[str]] = field(default_factory=lambda: defaultdict(deque))
     deficit: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     granted: int = 0  # places given and not yet visible in the load signal (dispatch under way)
+    grants: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # tenant -> places after a wait
 
 
 class FairQueue:
@@ -54,17 +64,18 @@ class FairQueue:
         """`room(pool)` -> (load, capacity) of the pool now."""
         self._room = room
         self.headroom = headroom
-        self._weight_of = weight_of or (lambda tenant: 1.0)
+        self.weight_of = weight_of or (lambda tenant: 1.0)
         self.on_wait = on_wait or (lambda tenant, tier, waited: None)
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
 
     # --- what the dispatcher calls -------------------------------------------------------------------
-    async def acquire(self, pool: str, tenant: str, tier: str, deadline: float | None) -> None:
-        """Returns when `tenant` may dispatch into `pool`; 504 when its deadline passes first."""
+    async def acquire(self, pool: str, tenant: str, tier: str, deadline: float | None) -> bool:
+        """Returns when `tenant` may dispatch into `pool` (true: after a wait); 504 when its deadline
+        passes first."""
         state = self._pools[pool]
         if not self.waiting(pool) and self._has_room(pool, state):
             state.granted += 1
-            return
+            return False
         waiter = _Waiter(asyncio.get_running_loop().create_future(), time.monotonic())
         queue = state.waiting[tier].setdefault(tenant, deque())
         if not queue:
@@ -76,7 +87,7 @@ class FairQueue:
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
         except TimeoutError:
             if waiter.future.done():  # granted in the same instant: take it
-                return
+                return True
             waiter.future.cancel()
             self._forget(state, tier, tenant, waiter)
             raise errors.deadline(timeout or 0.0) from None
@@ -88,6 +99,8 @@ class FairQueue:
                 self._forget(state, tier, tenant, waiter)
             raise
         self.on_wait(tenant, tier, time.monotonic() - waiter.since)
+        state.grants[tenant] += 1
+        return True
 
     def dispatched(self, pool: str) -> None:
         """The granted request is dispatched (now in the load signal) or failed: one place less pending."""
@@ -126,6 +139,23 @@ class FairQueue:
             return 0
         return sum(len(q) for tier in state.waiting.values() for t, q in tier.items() if tenant in (None, t))
 
+    def snapshot(self) -> list[TenantWait]:
+        """Per pool and tenant waiting now: how many, the oldest wait, and its share of the pool's
+        waiting weight (what deficit round robin gives it) - a starved tenant shows a growing oldest wait."""
+        now, rows = time.monotonic(), []
+        for pool, state in self._pools.items():
+            per_tenant: dict[str, list[_Waiter]] = defaultdict(list)
+            for tier in state.waiting.values():
+                for tenant, queue in tier.items():
+                    per_tenant[tenant].extend(w for w in queue if not w.future.done())
+            weights = {t: self.weight_of(t) for t, ws in per_tenant.items() if ws}
+            total = sum(weights.values()) or 1.0
+            for tenant, waiters in per_tenant.items():
+                if waiters:
+                    oldest = now - min(w.since for w in waiters)
+                    rows.append(TenantWait(pool, tenant, len(waiters), oldest, weights[tenant] / total))
+        return rows
+
     # --- internals -----------------------------------------------------------------------------------
     def _has_room(self, pool: str, state: _Pool) -> bool:
         load, capacity = self._room(pool)
@@ -147,7 +177,7 @@ class FairQueue:
                     state.deficit.pop(tenant, None)
                     continue
                 if state.deficit[tenant] < 1.0:
-                    state.deficit[tenant] += self._weight_of(tenant)
+                    state.deficit[tenant] += self.weight_of(tenant)
                     order.rotate(-1)
                     continue
                 state.deficit[tenant] -= 1.0

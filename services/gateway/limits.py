@@ -11,8 +11,13 @@ with `Retry-After` (the openai client raises RateLimitError and retries after it
   tokens when the answer comes (an answer shorter than max_tokens gives the rest back);
 - requests in flight: admitted and not yet answered.
 
-Counted per gateway replica (hand-written: a few counters per tenant; no library models this): with
-N replicas behind a balancer a tenant can get up to N times its limits.
+Across gateway replicas (services/gateway/limit_sync.py): each replica reports what it admitted per
+tenant every ~100 ms; every replica charges the others' admissions to the same buckets and windows and
+counts their in-flight requests. How exact: a replica sees the others' admissions one report later, so
+N replicas admitting at once can together pass a limit by what they admit in one report interval
+(at most one burst each for requests per second); over any longer window the limits hold.
+
+Hand-written: a few counters per tenant; no library models this.
 """
 
 from __future__ import annotations
@@ -36,11 +41,24 @@ class _Charge:
 
 
 @dataclass
+class _Remote:
+    in_flight: int
+    at: float
+
+
+@dataclass
 class _TenantState:
     bucket: float = 0.0
     refilled_at: float = 0.0
     in_flight: int = 0
     charges: deque[_Charge] = field(default_factory=deque)
+    remote: dict[str, _Remote] = field(default_factory=dict)  # other gateway -> its in-flight requests
+    bucket_known: bool = True  # false: only other replicas' admissions are charged so far (from a full bucket)
+
+    def remote_in_flight(self, now: float, stale_s: float) -> int:
+        for gateway in [g for g, r in self.remote.items() if now - r.at > stale_s]:
+            del self.remote[gateway]  # that gateway stopped reporting (gone): its count is void
+        return sum(r.in_flight for r in self.remote.values())
 
     def tokens_in_window(self, now: float) -> int:
         while self.charges and now - self.charges[0].at >= WINDOW_S:
@@ -49,11 +67,31 @@ class _TenantState:
 
 
 @dataclass
+class Admitted:
+    """What this gateway admitted for one tenant since its last report to the other replicas."""
+
+    requests: int = 0
+    tokens: int = 0
+
+
+class RateLimited(GatewayError):
+    """429: over a tenant's limit. `retryable`: false when the request can never fit (bigger than the
+    tokens-per-minute limit), so waiting for the limit is pointless."""
+
+    def __init__(self, message: str, retry_after_s: float, retryable: bool = True) -> None:
+        seconds = max(1, math.ceil(retry_after_s))
+        super().__init__(429, message, "rate_limit_exceeded", headers={"Retry-After": str(seconds)})
+        self.retry_after_s = retry_after_s
+        self.retryable = retryable
+
+
+@dataclass
 class Ticket:
     """One admitted request; `release` it exactly once when it is answered (or fails)."""
 
     tenant: str
     charge: _Charge | None
+    estimated_tokens: int = 0
     released: bool = False
 
 
@@ -68,6 +106,9 @@ class TenantLimiter:
         self._clock = clock
         self._tenants: dict[str, _TenantState] = {}
         self._on_throttle = on_throttle or (lambda tenant, limit: None)
+        self.admitted: dict[str, Admitted] = {}  # since the last report to the other replicas
+        self.remote_stale_s = 3.0
+        self._reported_busy: set[str] = set()
 
     def effective(self, limits: TenantLimits | None) -> TenantLimits:
         own = limits or TenantLimits()
@@ -82,11 +123,16 @@ class TenantLimiter:
         refused request."""
         lim = self.effective(limits)
         now = self._clock()
-        state = self._tenants.setdefault(tenant, _TenantState(bucket=max(1.0, lim.rps or 1.0), refilled_at=now))
-        if lim.concurrency is not None and state.in_flight >= lim.concurrency:
+        burst = max(1.0, lim.rps or 1.0)
+        state = self._tenants.setdefault(tenant, _TenantState(bucket=burst, refilled_at=now))
+        if not state.bucket_known:
+            state.bucket, state.bucket_known = burst + state.bucket, True
+        if lim.concurrency is not None and state.in_flight + state.remote_in_flight(now, self.remote_stale_s) >= (
+            lim.concurrency
+        ):
             self._refuse(tenant, "concurrency", f"{lim.concurrency} requests in flight", 1.0)
         if lim.rps is not None:
-            state.bucket = min(max(1.0, lim.rps), state.bucket + (now - state.refilled_at) * lim.rps)
+            state.bucket = min(burst, state.bucket + (now - state.refilled_at) * lim.rps)
             state.refilled_at = now
             if state.bucket < 1.0:
                 self._refuse(tenant, "rps", f"{lim.rps:g} requests per second", (1.0 - state.bucket) / lim.rps)
@@ -99,6 +145,7 @@ class TenantLimiter:
                     "tpm",
                     f"{lim.tpm} tokens per minute (this request may use {estimated_tokens}; lower max_tokens)",
                     WINDOW_S,
+                    retryable=False,
                 )
             if used + estimated_tokens > lim.tpm:
                 self._refuse(
@@ -109,7 +156,10 @@ class TenantLimiter:
         if lim.rps is not None:
             state.bucket -= 1.0
         state.in_flight += 1
-        return Ticket(tenant, charge)
+        mine = self.admitted.setdefault(tenant, Admitted())
+        mine.requests += 1
+        mine.tokens += charge.tokens if charge is not None else estimated_tokens
+        return Ticket(tenant, charge, estimated_tokens)
 
     def release(self, ticket: Ticket, used_tokens: int | None = None) -> None:
         """The request is over: it leaves the in-flight count; its token charge becomes what it really
@@ -121,8 +171,35 @@ class TenantLimiter:
         if state is None:
             return
         state.in_flight = max(0, state.in_flight - 1)
-        if ticket.charge is not None and used_tokens is not None:
-            ticket.charge.tokens = used_tokens
+        if used_tokens is not None:
+            if ticket.charge is not None:
+                ticket.charge.tokens = used_tokens
+            self.admitted.setdefault(ticket.tenant, Admitted()).tokens += used_tokens - ticket.estimated_tokens
+
+    # --- the other gateway replicas ------------------------------------------------------------------
+    def take_report(self) -> dict[str, tuple[int, int, int]]:
+        """tenant -> (requests, tokens, in flight) to tell the other replicas; every tenant admitted
+        since the last report or with requests in flight. Resets what was admitted."""
+        busy = {tenant for tenant, state in self._tenants.items() if state.in_flight}
+        report = {}
+        # A tenant reported busy last time is reported again once idle: the others drop its count now.
+        for tenant in set(self.admitted) | busy | self._reported_busy:
+            admitted = self.admitted.get(tenant, Admitted())
+            report[tenant] = (admitted.requests, admitted.tokens, self.in_flight(tenant))
+        self._reported_busy = busy
+        self.admitted = {}
+        return report
+
+    def charge_remote(self, gateway: str, tenant: str, requests: int, tokens: int, in_flight: int) -> None:
+        """Another replica admitted `requests` using `tokens` for `tenant` and has `in_flight` of its
+        requests running: the same buckets and windows as this replica's own."""
+        now = self._clock()
+        # First heard of here: the bucket starts full at this replica's first admission, less this.
+        state = self._tenants.setdefault(tenant, _TenantState(bucket=0.0, refilled_at=now, bucket_known=False))
+        state.bucket -= requests
+        if tokens:
+            state.charges.append(_Charge(now, tokens))
+        state.remote[gateway] = _Remote(in_flight, now)
 
     def in_flight(self, tenant: str) -> int:
         state = self._tenants.get(tenant)
@@ -138,15 +215,11 @@ class TenantLimiter:
                 return max(0.0, WINDOW_S - (now - charge.at))
         return WINDOW_S
 
-    def _refuse(self, tenant: str, limit: str, what: str, retry_after_s: float) -> None:
+    def _refuse(self, tenant: str, limit: str, what: str, retry_after_s: float, retryable: bool = True) -> None:
         self._on_throttle(tenant, limit)
         seconds = max(1, math.ceil(retry_after_s))
-        raise GatewayError(
-            429,
-            f"Rate limit reached for tenant {tenant!r}: {what}. Retry after {seconds} s.",
-            "rate_limit_exceeded",
-            headers={"Retry-After": str(seconds)},
-        )
+        message = f"Rate limit reached for tenant {tenant!r}: {what}. Retry after {seconds} s."
+        raise RateLimited(message, retry_after_s, retryable)
 
 
 def estimate_tokens(prompt_chars: int, max_tokens: int) -> int:

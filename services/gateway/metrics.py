@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opentelemetry.metrics import Counter, Histogram, Meter, UpDownCounter
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation, UpDownCounter
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -25,6 +25,7 @@ class GatewayMetrics:
     throttled: Counter  # tenant, limit: requests refused with 429
     overload_refusals: Counter  # pool: refused at once, the pool could not finish them in time
     fair_wait_s: Histogram  # tenant, tier: time waited for a fair share of a full pool
+    meter: Meter | None = None
 
     @classmethod
     def create(cls, meter: Meter) -> GatewayMetrics:
@@ -36,6 +37,7 @@ class GatewayMetrics:
                 return meter.create_histogram(name, unit="s", description=desc)
 
         return cls(
+            meter=meter,
             requests=meter.create_counter("lpx_gateway_requests", description="requests by tenant and status"),
             latency_s=histogram("lpx_gateway_request_latency", "end-to-end latency seen by the gateway"),
             ttft_s=histogram("lpx_gateway_ttft", "time to first token (streaming requests)"),
@@ -56,3 +58,21 @@ class GatewayMetrics:
                                                    description="requests refused early: the pool could not finish "
                                                    "them before their deadline"),
         )  # fmt: skip
+
+    def observe_fair_queue(self, fair) -> None:
+        """Gauges per pool and tenant waiting for a full pool's fair share (services.gateway.fairness):
+        requests waiting, the oldest one's wait (grows for a starved tenant), and its share of the turns."""
+        if self.meter is None:
+            return
+
+        def gauge(name: str, unit: str, desc: str, value) -> None:
+            def observe(_: CallbackOptions):
+                return [Observation(value(row), {"pool": row.pool, "tenant": row.tenant}) for row in fair.snapshot()]
+
+            self.meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=desc)
+
+        gauge("lpx_gateway_fair_waiting", "1", "requests waiting for a full pool's fair share", lambda r: r.waiting)
+        oldest = "the oldest waiting request's wait (starvation shows here)"
+        gauge("lpx_gateway_fair_oldest_wait", "s", oldest, lambda r: r.oldest_wait_s)
+        share = "the tenant's share of the turns among the tenants waiting"
+        gauge("lpx_gateway_fair_share", "1", share, lambda r: r.share)

@@ -61,10 +61,15 @@ class GatewaySettings(ServiceSettings):
     # A worker that drained cleanly handed its backlog to the pool: re-route what is left after this.
     drain_grace_s: float = Field(30.0, ge=0)
     # Pool defaults of the per-tenant limits (a tenant's own limits, `lpx tenant limits`, win); unset:
-    # no limit. Counted per gateway replica (services/gateway/limits.py).
+    # no limit. Counted across the gateway replicas (services/gateway/limit_sync.py).
     default_rps: float | None = Field(None, gt=0, le=MAX_LIMIT_RPS)
     default_tpm: int | None = Field(None, gt=0, le=MAX_LIMIT_TPM)
     default_concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY)
+    # How often a replica tells the others what it admitted per tenant (0: count alone, per replica).
+    limit_sync_s: float = Field(0.1, ge=0, le=10)
+    # Async submissions over their tenant's limit wait here (not refused) until the limit allows them;
+    # once this many of one tenant wait at this gateway, the next is refused with a rate_limited result.
+    submit_tenant_queue: int = Field(64, ge=1, le=10_000)
     # An interactive request the pool cannot finish before its deadline (from the queue ahead of it and
     # the measured time per request, services/gateway/overload.py) gets 503 + Retry-After at once
     # instead of 504 after the whole deadline; margin < 1 refuses earlier, > 1 later.

@@ -7,6 +7,13 @@ digest before anything reaches the caller. The checked result (or the error) is 
 `subjects.results(request_id)` in the RESULTS stream with Nats-Msg-Id `result-<request id>`; with
 `stream`, text deltas are relayed on `subjects.tokens(request_id)`.
 
+Limits and tiers: a submission is counted against its tenant's limits like an HTTP request, but over
+a limit it waits here until the limit allows it (a bounded queue per tenant, `submit_tenant_queue`;
+waiting submissions do not hold one of the consumer's places), and only when that queue is full it
+ends with a `rate_limit_exceeded` result. It is never refused early for an overloaded pool: it waits
+for its turn. Its tier (`batch` by default) decides its place in a full pool: interactive work first,
+batch work fills what interactive traffic leaves.
+
 Resubmitting an id never generates twice: JetStream drops a duplicate inside its window, a request in
 flight here is not started again, a stored result is not regenerated, and a stored internal result is
 reused instead of asking a worker again. The submission is acked only after its result is stored, so a
@@ -19,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import defaultdict
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -29,8 +37,10 @@ from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta
 from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
+from services.gateway import errors
 from services.gateway.dispatch import check_applied
 from services.gateway.errors import GatewayError
+from services.gateway.limits import RateLimited, estimate_tokens
 
 log = logging.getLogger(__name__)
 SERVICE = "gateway"
@@ -49,6 +59,7 @@ class SubmissionConsumer:
         self.durable = durable
         self.concurrency = concurrency
         self.active: set[str] = set()
+        self.waiting_for_limits: dict[str, int] = defaultdict(int)  # tenant -> submissions waiting here
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
@@ -162,10 +173,21 @@ class SubmissionConsumer:
         timeout = min(submit.timeout_s or g.settings.request_timeout_s, 24 * 3600)
         deadline = submit.submitted_at + timeout
         prepared = await g.prepare(submit.api_key, submit.model)
-        g.check_prompt(submit.prompt, submit.messages)
+        prompt_chars = g.check_prompt(submit.prompt, submit.messages)
+        estimate = estimate_tokens(prompt_chars, submit.sampling.max_tokens)
+        prepared, ticket = await self._admit(submit, prepared, estimate, deadline)
+        result = None
+        try:
+            result = await self._run_job(submit, work_id, prepared, deadline)
+            return result
+        finally:
+            g.limiter.release(ticket, result.prompt_tokens + result.completion_tokens if result else None)
+
+    async def _run_job(self, submit: SubmitRequest, work_id: str, prepared, deadline: float) -> InferenceResult:
+        g = self.gateway
         job = await g.dispatch(prepared, request_id=work_id, prompt=submit.prompt, messages=submit.messages,
                                sampling=submit.sampling, deadline=deadline, stream=submit.stream,
-                               interactive=False)  # fmt: skip
+                               interactive=submit.tier == "interactive", refuse_early=False)  # fmt: skip
         if not submit.stream:
             return await g.dispatcher.wait(job, deadline)
         index = 0
@@ -176,6 +198,39 @@ class SubmissionConsumer:
             await g.nc.publish(subjects.tokens(submit.request_id), delta.model_dump_json().encode())
             index += 1
         raise GatewayError(502, "the stream ended without a result", "engine_error")
+
+    async def _admit(self, submit: SubmitRequest, prepared, estimate: int, deadline: float):
+        """(prepared, ticket) once the tenant's limits allow the submission. Over a limit it waits in
+        its tenant's bounded queue, the key and model checked again after each wait (revoked meanwhile:
+        401); refused when the queue is full, when it can never fit, or at its deadline."""
+        g = self.gateway
+        while True:
+            try:
+                return prepared, g.limiter.admit(prepared.tenant, prepared.limits, estimate)
+            except RateLimited as exc:
+                tenant = prepared.tenant
+                if not exc.retryable:
+                    raise
+                if self.waiting_for_limits[tenant] >= g.settings.submit_tenant_queue:
+                    raise GatewayError(429, f"{exc.message} {self.waiting_for_limits[tenant]} submissions of "
+                                            f"tenant {tenant!r} already wait for its limits at this gateway; "
+                                            "this one was refused", "rate_limit_exceeded") from None  # fmt: skip
+                left = deadline - time.time()
+                if left <= exc.retry_after_s:
+                    raise errors.deadline(deadline - submit.submitted_at) from None
+                await self._wait_for_limits(tenant, exc.retry_after_s)
+            prepared = await g.prepare(submit.api_key, submit.model)
+
+    async def _wait_for_limits(self, tenant: str, seconds: float) -> None:
+        self.waiting_for_limits[tenant] += 1
+        self._slots.release()  # a submission waiting for its tenant's limit leaves its place to others
+        try:
+            await asyncio.sleep(max(0.01, seconds))
+        finally:
+            self.waiting_for_limits[tenant] -= 1
+            if not self.waiting_for_limits[tenant]:
+                del self.waiting_for_limits[tenant]
+            await self._slots.acquire()
 
     async def _stored(self, subject: str) -> bytes | None:
         stored = await last_message(self.gateway.js, subjects.RESULTS_STREAM, subject)

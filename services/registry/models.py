@@ -55,6 +55,8 @@ class Tenant(TenantBase, table=True):
     rps_limit: float | None = Field(default=None, nullable=True)
     tpm_limit: int | None = Field(default=None, nullable=True)
     concurrency_limit: int | None = Field(default=None, nullable=True)
+    # Share of a full pool relative to the other tenants (None: 1, an equal share).
+    fair_weight: float | None = Field(default=None, nullable=True)
 
 
 class TenantPublic(TenantBase):
@@ -63,6 +65,7 @@ class TenantPublic(TenantBase):
     rps_limit: float | None = None
     tpm_limit: int | None = None
     concurrency_limit: int | None = None
+    fair_weight: float | None = None
 
 
 class ApiKey(SQLModel, table=True):

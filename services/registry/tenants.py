@@ -59,13 +59,16 @@ async def authenticate(session: AsyncSession, tenant_name: str, api_key: str) ->
 
 
 def limits_of(tenant: Tenant) -> TenantLimits:
-    return TenantLimits(rps=tenant.rps_limit, tpm=tenant.tpm_limit, concurrency=tenant.concurrency_limit)
+    return TenantLimits(
+        rps=tenant.rps_limit, tpm=tenant.tpm_limit, concurrency=tenant.concurrency_limit, weight=tenant.fair_weight
+    )
 
 
 async def set_limits(session: AsyncSession, tenant: Tenant, limits: TenantLimits) -> Tenant:
     """Store the tenant's limits (None = the pool default) and tell every gateway (outbox, same
     transaction: the event goes out if and only if the change is committed)."""
     tenant.rps_limit, tenant.tpm_limit, tenant.concurrency_limit = limits.rps, limits.tpm, limits.concurrency
+    tenant.fair_weight = limits.weight
     session.add(tenant)
     await session.flush()
     event = TenantEvent(kind=TenantEventKind.LIMITS_CHANGED, tenant=tenant.name, limits=limits)

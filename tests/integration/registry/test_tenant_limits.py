@@ -57,9 +57,12 @@ async def test_limits_are_stored_carried_in_auth_replies_and_announced(registry,
         "rps": None,
         "tpm": None,
         "concurrency": None,
+        "weight": None,
     }
     async with Events(connections.nats_url) as events:
-        reply = await registry.client.put(f"/v1/tenants/{name}/limits", json={"rps": 2.5, "concurrency": 4})
+        reply = await registry.client.put(
+            f"/v1/tenants/{name}/limits", json={"rps": 2.5, "concurrency": 4, "weight": 3}
+        )
         assert reply.status_code == 200, reply.text
         assert (reply.json()["rps_limit"], reply.json()["tpm_limit"], reply.json()["concurrency_limit"]) == (
             2.5,
@@ -67,12 +70,14 @@ async def test_limits_are_stored_carried_in_auth_replies_and_announced(registry,
             4,
         )
         event = await events.wait_for(name, TenantEventKind.LIMITS_CHANGED)
-    assert event.limits.rps == 2.5 and event.limits.concurrency == 4
+    assert event.limits.rps == 2.5 and event.limits.concurrency == 4 and event.limits.weight == 3
     assert (await auth(connections.nats_url, key)).limits.rps == 2.5
+    assert (await auth(connections.nats_url, key)).limits.weight == 3
     listed = {row["name"]: row for row in (await registry.client.get("/v1/tenants")).json()}
-    assert listed[name]["concurrency_limit"] == 4
+    assert listed[name]["concurrency_limit"] == 4 and listed[name]["fair_weight"] == 3
     cleared = await registry.client.put(f"/v1/tenants/{name}/limits", json={})
     assert cleared.json()["rps_limit"] is None and cleared.json()["concurrency_limit"] is None
+    assert cleared.json()["fair_weight"] is None
 
 
 @pytest.mark.parametrize(
@@ -86,6 +91,8 @@ async def test_limits_are_stored_carried_in_auth_replies_and_announced(registry,
         ({"tpm": 10**13}, "tpm"),
         ({"burst": 5}, "burst"),
         ({"rps": "fast"}, "rps"),
+        ({"weight": 0}, "weight"),
+        ({"weight": 5000}, "weight"),
     ],
 )
 async def test_zero_negative_absurd_or_unknown_limits_are_refused_with_the_field_named(registry, body, field):

@@ -125,3 +125,33 @@ async def test_ahead_counts_rounds_of_the_waiting_tenants():
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_snapshot_shows_who_waits_how_long_and_their_share():
+    pool = Pool(capacity=1)
+    pool.load = 1
+    weights = {"heavy": 3.0}
+    fair = FairQueue(pool.room, headroom=1.0, weight_of=lambda t: weights.get(t, 1.0))
+    assert fair.snapshot() == []
+    tasks = [asyncio.create_task(fair.acquire("p", t, BATCH, None)) for t in ("heavy", "heavy", "light")]
+    await asyncio.sleep(0.05)
+    rows = {row.tenant: row for row in fair.snapshot()}
+    assert rows["heavy"].waiting == 2 and rows["light"].waiting == 1
+    assert rows["heavy"].share == pytest.approx(0.75) and rows["light"].share == pytest.approx(0.25)
+    assert rows["light"].oldest_wait_s >= 0.04 and rows["light"].pool == "p"
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert fair.snapshot() == []  # cancelled waiters are not shown
+
+
+async def test_acquire_says_whether_it_waited():
+    pool = Pool(capacity=1)
+    fair = FairQueue(pool.room, headroom=1.0)
+    assert await fair.acquire("p", "a", INTERACTIVE, None) is False  # room: straight through
+    pool.load = 1
+    waiting = asyncio.create_task(fair.acquire("p", "a", INTERACTIVE, None))
+    await asyncio.sleep(0.01)
+    pool.load = 0
+    fair.dispatched("p")
+    assert await asyncio.wait_for(waiting, 1) is True

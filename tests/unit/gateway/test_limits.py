@@ -6,7 +6,7 @@ import pytest
 
 from libs.contracts import TenantLimits
 from services.gateway.errors import GatewayError
-from services.gateway.limits import TenantLimiter, estimate_tokens
+from services.gateway.limits import RateLimited, TenantLimiter, estimate_tokens
 
 
 class Clock:
@@ -124,9 +124,103 @@ def test_estimate_is_prompt_characters_over_four_plus_max_tokens():
         {"rps": 1e12},
         {"tpm": 10**12},
         {"concurrency": 10**7},
+        {"weight": 0},
+        {"weight": -2},
+        {"weight": 1e6},
         {"burst": 3},
     ],
 )
 def test_zero_negative_absurd_or_unknown_limits_are_refused(bad):
     with pytest.raises(ValueError):
         TenantLimits(**bad)
+
+
+# --- several gateway replicas: each charges the others' reports ----------------------------------------
+def replicas(n: int, clock: Clock | None = None):
+    clock = clock or Clock()
+    return [TenantLimiter(TenantLimits(), clock=clock) for _ in range(n)], clock
+
+
+def sync(limiters: list[TenantLimiter]) -> None:
+    """One report round: every replica tells every other what it admitted (what LimitSync carries)."""
+    reports = [(i, lim.take_report()) for i, lim in enumerate(limiters)]
+    for i, report in reports:
+        for j, other in enumerate(limiters):
+            if i != j:
+                for tenant, (requests, tokens, in_flight) in report.items():
+                    other.charge_remote(f"gw-{i}", tenant, requests, tokens, in_flight)
+
+
+def admitted_count(limiter: TenantLimiter, tenant: str, limits: TenantLimits, tries: int, tokens: int = 10) -> int:
+    count = 0
+    for _ in range(tries):
+        try:
+            limiter.admit(tenant, limits, tokens)
+            count += 1
+        except GatewayError:
+            pass
+    return count
+
+
+def test_three_replicas_hold_a_rate_together_within_one_burst_each():
+    (a, b, c), clock = replicas(3)
+    limits = TenantLimits(rps=4)
+    total = 0
+    for _ in range(50):  # 5 s of traffic spread over three gateways, reports every 100 ms
+        for replica in (a, b, c):
+            total += admitted_count(replica, "t", limits, tries=2)
+        sync([a, b, c])
+        clock.now += 0.1
+    # 4/s for 5 s = 20, plus at most one burst (4) per other replica before the first report lands
+    assert 20 <= total <= 20 + 2 * 4, total
+    alone = TenantLimiter(TenantLimits(), clock=Clock())  # without reports each replica gives the whole rate
+    assert admitted_count(alone, "t", limits, tries=100) == 4
+
+
+def test_requests_in_flight_count_across_replicas_and_a_silent_replica_stops_counting():
+    (a, b), clock = replicas(2)
+    limits = TenantLimits(concurrency=2)
+    a.admit("t", limits, 10)
+    a.admit("t", limits, 10)
+    sync([a, b])
+    refused(b, "t", limits)  # a has both places
+    clock.now += 2.0
+    refused(b, "t", limits)
+    clock.now += 1.5  # a has not reported for 3.5 s (gone): its count is dropped
+    b.admit("t", limits, 10)
+
+
+def test_a_replica_that_answers_reports_its_tenant_idle_once():
+    (a, b), clock = replicas(2)
+    limits = TenantLimits(concurrency=1)
+    ticket = a.admit("t", limits, 10)
+    sync([a, b])
+    refused(b, "t", limits)
+    a.release(ticket, 12)
+    assert a.take_report() == {"t": (0, 2, 0)}  # the correction (12 used, 10 charged) and now idle
+    assert a.take_report() == {}  # nothing more to say
+    b.charge_remote("gw-0", "t", 0, 2, 0)
+    b.admit("t", limits, 10)
+
+
+def test_tokens_per_minute_count_the_other_replicas_real_use():
+    (a, b), clock = replicas(2)
+    limits = TenantLimits(tpm=100)
+    ticket = a.admit("t", limits, 60)
+    a.release(ticket, 90)  # it really used 90
+    sync([a, b])
+    error = refused(b, "t", limits, tokens=20)
+    assert "100 tokens per minute" in error.message
+    clock.now += 61
+    b.admit("t", limits, 20)
+
+
+def test_a_request_that_can_never_fit_is_not_worth_waiting_for():
+    lim, _ = limiter()
+    with pytest.raises(RateLimited) as caught:
+        lim.admit("t", TenantLimits(tpm=100), 500)
+    assert caught.value.retryable is False
+    lim.admit("t", TenantLimits(rps=1), 5)
+    with pytest.raises(RateLimited) as caught:
+        lim.admit("t", TenantLimits(rps=1), 5)
+    assert caught.value.retryable is True and caught.value.retry_after_s == pytest.approx(1.0)
