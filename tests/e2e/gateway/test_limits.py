@@ -100,3 +100,95 @@ async def test_a_revoked_key_is_refused_at_once_not_after_the_cache_ttl(gateway,
         assert time.monotonic() - revoked_at < 5, "the revoked key still works after 5 s"
         await asyncio.sleep(0.2)
     await asyncio.to_thread(ask, oa(gateway, other["api_key"]))  # the tenant's other key is unaffected
+
+
+async def test_submissions_over_the_limit_wait_their_turn_and_a_full_queue_refuses(
+    gateway, gateway_registry, make_worker, connections
+):
+    """Async submissions are not refused at once over a limit: they wait (bounded per tenant) and run
+    when the limit allows; once `submit_tenant_queue` wait, the next ones end with rate_limit_exceeded."""
+    from libs.client import LoraplexClient
+
+    await make_worker("gw-limits-s")
+    await gateway.wait_workers(1)
+    tenant = f"subl-{uuid.uuid4().hex[:6]}"
+    key = await gateway_registry.create_tenant(tenant)
+    await asyncio.to_thread(ask, oa(gateway, key))
+    await set_limits(gateway, gateway_registry, tenant, {"rps": 0.5})  # one every 2 s
+    settings = gateway.gateway.settings
+    queue, settings.submit_tenant_queue = settings.submit_tenant_queue, 2
+    try:
+        async with LoraplexClient(connections.nats_url, api_key=key) as lpx:
+            started = time.monotonic()
+            ids = [await lpx.submit(BASE, messages=QUESTION, max_tokens=1) for _ in range(6)]
+            results = await asyncio.gather(*(lpx.result(rid, timeout=120) for rid in ids))
+            took = time.monotonic() - started
+    finally:
+        settings.submit_tenant_queue = queue
+    ok = [r for r in results if r.ok]
+    refused_ = [r for r in results if not r.ok]
+    assert len(ok) == 3, [r.error for r in refused_]  # one at once, two after waiting 2 s and 4 s
+    assert took >= 3.5, took
+    assert all(r.error.code == "rate_limit_exceeded" and "already wait" in r.error.message for r in refused_)
+    assert gateway.gateway.submissions.waiting_for_limits.get(tenant, 0) == 0
+
+
+async def test_a_submission_waiting_for_its_limit_ends_401_when_its_key_is_revoked(
+    gateway, gateway_registry, make_worker, connections
+):
+    from libs.client import LoraplexClient
+
+    await make_worker("gw-limits-r")
+    await gateway.wait_workers(1)
+    tenant = f"subr-{uuid.uuid4().hex[:6]}"
+    key = await gateway_registry.create_tenant(tenant)
+    other = await gateway_registry.create_tenant(f"subo-{uuid.uuid4().hex[:6]}")
+    await asyncio.to_thread(ask, oa(gateway, key))
+    await set_limits(gateway, gateway_registry, tenant, {"rps": 0.125})  # one every 8 s
+    async with LoraplexClient(connections.nats_url, api_key=key) as lpx:
+        first = await lpx.submit(BASE, messages=QUESTION, max_tokens=1)
+        assert (await lpx.result(first, timeout=120)).ok
+        waiting = await lpx.submit(BASE, messages=QUESTION, max_tokens=1)
+        await until(lambda: gateway.gateway.submissions.waiting_for_limits.get(tenant, 0) == 1, 10)
+        key_id = key.split("_")[2]
+        assert (await gateway_registry.client.post(f"/v1/tenants/{tenant}/keys/{key_id}/revoke")).status_code == 200
+        result = await lpx.result(waiting, timeout=60)
+        assert not result.ok and result.error.code == "invalid_api_key"
+        # another tenant's submission is unaffected
+        assert (await lpx.result(await lpx.submit(BASE, messages=QUESTION, max_tokens=1, api_key=other), 120)).ok
+
+
+async def test_two_gateway_replicas_count_a_tenant_against_the_same_limits(
+    gateway, gateway_registry, make_worker, connections
+):
+    from tests.e2e.gateway.conftest import ServedGateway, gateway_settings
+
+    await make_worker("gw-limits-2")
+    await gateway.wait_workers(1)
+    second = ServedGateway(gateway_settings(connections, gateway_id="gw-second"))
+    second.start()
+    try:
+        await second.wait_workers(1)
+        tenant = f"two-{uuid.uuid4().hex[:6]}"
+        key = await gateway_registry.create_tenant(tenant)
+        one, two = oa(gateway, key), oa(second, key)
+        await asyncio.to_thread(ask, one)
+        await asyncio.to_thread(ask, two)
+        reply = await gateway_registry.client.put(
+            f"/v1/tenants/{tenant}/limits", json={"concurrency": 1, "weight": 3}
+        )
+        assert reply.status_code == 200
+        for served in (gateway, second):
+            await until(lambda s=served: not any(k[1] == tenant for k in s.gateway.cache._entries))
+        long = asyncio.create_task(asyncio.to_thread(ask, one, 48))  # holds the tenant's one place on gateway 1
+        await until(lambda: gateway.gateway.limiter.in_flight(tenant) == 1)
+        await asyncio.sleep(0.5)  # a few of gateway 1's reports
+        with pytest.raises(openai.RateLimitError, match="1 requests in flight"):
+            await asyncio.to_thread(ask, two)
+        await long
+        await asyncio.sleep(0.5)  # gateway 1 reports the tenant idle
+        await asyncio.to_thread(ask, two)
+        assert second.gateway.weights.get(tenant) == 3  # its fair-share weight came with its auth
+        assert second.gateway.limit_sync.reports_received > 0
+    finally:
+        second.stop()
