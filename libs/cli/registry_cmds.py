@@ -204,6 +204,12 @@ def usage(
     table.add_row("total", "", str(totals["requests"]), str(totals["prompt_tokens"]),
                   str(totals["completion_tokens"]), str(totals["errors"]), style="bold")  # fmt: skip
     out.print(table)
+    cost = found["cost"]
+    out.print(
+        f"estimated cost: ${cost['usd']:.4f} for {totals['completion_tokens']} completion tokens at "
+        f"${cost['usd_per_million_tokens']:.2f} per 1M tokens = GPU ${cost['gpu_price_per_hour']:g}/h "
+        f"({cost['gpu_price_source']}) / {cost['tok_s_per_gpu']:g} tok/s per GPU ({cost['tok_s_source']})"
+    )
 
 
 # --- base models -------------------------------------------------------------------------------

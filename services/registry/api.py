@@ -31,6 +31,7 @@ from services.registry import (
     versions,
 )
 from services.registry.context import FaultHooks, RegistryContext
+from services.registry.cost import cost_basis
 from services.registry.db import is_unavailable, transaction
 from services.registry.errors import Invalid, RegistryError, TooLarge, Unauthorized
 from services.registry.models import AliasPublic, BaseModelPublic, TenantPublic, VersionPublic
@@ -254,11 +255,23 @@ class UsageRowPublic(BaseModel):
     errors: int
 
 
+class CostPublic(BaseModel):
+    """An estimate: each input says whether it is measured, configured or assumed."""
+
+    usd: float = Field(description="estimated cost of the completion tokens in the period")
+    usd_per_million_tokens: float = Field(description="(GPU $/h) / (output tok/s per GPU x 3600) x 1e6")
+    gpu_price_per_hour: float
+    gpu_price_source: str
+    tok_s_per_gpu: float
+    tok_s_source: str
+
+
 class UsagePublic(BaseModel):
     tenant: str
     since: datetime
     rows: list[UsageRowPublic]
     totals: dict[str, int]
+    cost: CostPublic
 
 
 @admin.get("/tenants/{tenant}/usage", tags=["usage"])
@@ -270,7 +283,17 @@ async def tenant_usage(tenant: str, ctx: Ctx, since_hours: Annotated[float, Quer
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
         found = await usage.summary(session, row, usage.since_of(since_hours))
     rows = [UsageRowPublic(**vars(r)) for r in found.rows]
-    return UsagePublic(tenant=found.tenant, since=found.since, rows=rows, totals=found.totals())
+    totals = found.totals()
+    basis = cost_basis(ctx.settings)
+    cost = CostPublic(
+        usd=round(basis.usd(totals["completion_tokens"]), 6),
+        usd_per_million_tokens=round(basis.usd_per_million_tokens, 6),
+        gpu_price_per_hour=basis.gpu_price_per_hour,
+        gpu_price_source=basis.gpu_price_source,
+        tok_s_per_gpu=basis.tok_s_per_gpu,
+        tok_s_source=basis.tok_s_source,
+    )
+    return UsagePublic(tenant=found.tenant, since=found.since, rows=rows, totals=totals, cost=cost)
 
 
 @admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])

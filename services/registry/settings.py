@@ -33,6 +33,13 @@ class RegistrySettings(ServiceSettings):
     eval_deliver_policy: str = "all"
     orphan_grace_s: float = Field(3600, ge=0, description="age before an unreferenced object is swept")
 
+    # --- cost estimates in usage reports (services/registry/cost.py) ----------------------------
+    # GPU price per hour (None: the planner's default, labelled assumed).
+    gpu_price_per_hour: float | None = Field(None, gt=0, le=10_000)
+    # `make bench`'s worker.json: the pool's measured output tok/s per GPU (None: the planner's
+    # assumed figure); a report that cannot be read is said in the estimate, never silently replaced.
+    throughput_report: str | None = None
+
     # --- start-up ------------------------------------------------------------------------------
     migrate_on_start: bool = True
     # `python -m services.registry.migrate` (the chart's migrations Job) waits this long for PostgreSQL.

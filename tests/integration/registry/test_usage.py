@@ -106,6 +106,11 @@ async def test_each_request_is_counted_once_per_adapter_and_hour(registry, conne
         by_adapter[row["adapter"]] = by_adapter.get(row["adapter"], 0) + row["requests"]
     assert by_adapter == {DIGEST[:12]: 3, "smollm2-135m": 4}  # digests of no version of this tenant stay digests
     assert all(row["hour"].endswith(":00:00Z") or "+00:00" in row["hour"] for row in found["rows"])
+    cost = found["cost"]  # the registry of these tests sets no price nor report: both the planner's, labelled
+    assert cost["gpu_price_source"].startswith("assumed") and cost["tok_s_source"].startswith("assumed")
+    per_million = cost["gpu_price_per_hour"] / (cost["tok_s_per_gpu"] * 3600) * 1e6
+    assert cost["usd_per_million_tokens"] == pytest.approx(per_million, rel=1e-4)
+    assert cost["usd"] == pytest.approx(totals["completion_tokens"] / 1e6 * per_million, abs=1e-6)
 
 
 async def test_usage_of_an_unknown_tenant_is_404_and_a_bad_window_422(registry):
