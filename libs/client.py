@@ -60,6 +60,13 @@ class LoraplexClient:
         await self.close()
 
     @property
+    def nc(self):
+        """The NATS connection (e.g. to subscribe to many results at once)."""
+        if self._nc is None:
+            raise RuntimeError("LoraplexClient is not connected: use `async with` or `await client.connect()`")
+        return self._nc
+
+    @property
     def js(self):
         if self._nc is None:
             raise RuntimeError("LoraplexClient is not connected: use `async with` or `await client.connect()`")

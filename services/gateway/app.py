@@ -80,7 +80,8 @@ class Gateway:
                                      publish_retry_s=s.publish_retry_s, tracer=self.tracer,
                                      gateway_id=s.gateway_id, load_signal=s.load_signal,
                                      routing_policy=s.routing_policy,
-                                     overload=overload, fair_headroom=headroom)  # fmt: skip
+                                     overload=overload, fair_headroom=headroom,
+                                     batch_reserve=s.batch_reserve)  # fmt: skip
         if self.dispatcher.fair is not None:
             self.dispatcher.fair.on_wait = self._fair_wait
             self.dispatcher.fair.weight_of = lambda tenant: self.weights.get(tenant, 1.0)

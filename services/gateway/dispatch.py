@@ -137,10 +137,13 @@ class Dispatcher:
                  hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
                  catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
                  load_signal: str = "fleet", routing_policy: str = "bounded_load",
-                 overload: OverloadGuard | None = None, fair_headroom: float | None = 1.25) -> None:  # fmt: skip
+                 overload: OverloadGuard | None = None, fair_headroom: float | None = 1.25,
+                 batch_reserve: float = 0.0) -> None:  # fmt: skip
         self.nc, self.js = nc, js
         # Once a pool is full, requests wait per tenant and go on by fair share (None: FIFO into the pool).
-        self.fair = FairQueue(self.pool_room, headroom=fair_headroom) if fair_headroom else None
+        self.fair = None
+        if fair_headroom:
+            self.fair = FairQueue(self.pool_room, headroom=fair_headroom, batch_reserve=batch_reserve)
         # Interactive requests the pool cannot finish before their deadline are refused at once (None: never).
         self.overload = overload
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
@@ -253,7 +256,7 @@ class Dispatcher:
                 await after_wait()
             if self.fair is not None:
                 choice = self._select(request, rank)  # workers may have come or gone while it waited
-            job = self._assign(request, choice, stream)
+            job = self._assign(request, choice, stream, interactive)
         finally:
             if self.fair is not None:
                 self.fair.dispatched(granted)  # in the load signal now (or failed): no longer pending
@@ -275,16 +278,37 @@ class Dispatcher:
         except NoPoolError as exc:
             raise errors.unavailable(str(exc), "no_worker_available") from None
 
-    def _assign(self, request: InferenceRequest, choice, stream: bool) -> Job:
+    def _assign(self, request: InferenceRequest, choice, stream: bool, interactive: bool = False) -> Job:
         """Route (on the loads of now, after any wait) and count the job against its worker."""
         token = request.adapter.digest if request.adapter else BASE_TOKEN
         decision = self.route(choice.pool, choice.workers, token)
+        if interactive and self.fair is not None:
+            decision = self._spill_if_full(choice.workers, decision)
         job = Job(request=request, pool=choice.pool, token=token,
                   expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
                   future=asyncio.get_running_loop().create_future(), deltas=asyncio.Queue() if stream else None,
                   decision=decision)  # fmt: skip
         self._track(job)
         return job
+
+    def _spill_if_full(self, workers: tuple[str, ...], decision: RouteDecision) -> RouteDecision:
+        """An interactive request whose affinity worker has every sequence busy goes to the least busy
+        worker of the pool with one free, rather than queue behind that worker's work (its adapter
+        loads there: a short cost next to waiting for a sequence)."""
+        live = getattr(self.pools, "live", {})
+        loads = self.worker_loads(workers)
+
+        def busy(worker: str) -> float:
+            capacity = live[worker].capacity if worker in live else 0
+            return loads.get(worker, 0) / capacity if capacity > 0 else float("inf")
+
+        if busy(decision.worker) < 1.0:
+            return decision
+        free = [w for w in workers if busy(w) < 1.0]
+        if not free:
+            return decision
+        return RouteDecision(min(free, key=busy), affinity_hit=False, spilled=True,
+                             candidates_tried=decision.candidates_tried + 1)  # fmt: skip
 
     def pool_room(self, pool: str) -> tuple[int, int]:
         """(load, capacity) of a pool: in flight + queued on its live workers, and their summed capacity."""

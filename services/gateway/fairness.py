@@ -17,6 +17,7 @@ waiters across tenants).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -58,12 +59,16 @@ class FairQueue:
         room: Callable[[str], tuple[int, int]],
         *,
         headroom: float = 1.25,
+        batch_reserve: float = 0.0,
         weight_of: Callable[[str], float] | None = None,
         on_wait: Callable[[str, str, float], None] | None = None,
     ) -> None:
-        """`room(pool)` -> (load, capacity) of the pool now."""
+        """`room(pool)` -> (load, capacity) of the pool now. Interactive work may fill a pool up to
+        `headroom` x its capacity; batch work only up to its capacity less `batch_reserve` of it, so a
+        batch backlog never queues on the workers and interactive requests find a free sequence."""
         self._room = room
         self.headroom = headroom
+        self.batch_reserve = batch_reserve
         self.weight_of = weight_of or (lambda tenant: 1.0)
         self.on_wait = on_wait or (lambda tenant, tier, waited: None)
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -73,7 +78,9 @@ class FairQueue:
         """Returns when `tenant` may dispatch into `pool` (true: after a wait); 504 when its deadline
         passes first."""
         state = self._pools[pool]
-        if not self.waiting(pool) and self._has_room(pool, state):
+        # Interactive work queues only behind interactive work; batch work behind anything waiting.
+        nobody_ahead = not self._tier_waiting(state, INTERACTIVE) and (tier == INTERACTIVE or not self.waiting(pool))
+        if nobody_ahead and self._has_room(pool, state, tier):
             state.granted += 1
             return False
         waiter = _Waiter(asyncio.get_running_loop().create_future(), time.monotonic())
@@ -115,14 +122,23 @@ class FairQueue:
             state = self._pools[name]
             if not self.waiting(name):
                 continue  # nothing to grant: the load is not even looked at
-            while self._has_room(name, state):
-                waiter = self._next(state)
-                if waiter is None:
-                    break
+            while (waiter := self._next_with_room(name, state)) is not None:
                 waiter.future.set_result(None)
                 state.granted += 1
                 granted += 1
         return granted
+
+    def _next_with_room(self, pool: str, state: _Pool) -> _Waiter | None:
+        for tier in (INTERACTIVE, BATCH):
+            if self._tier_waiting(state, tier) and self._has_room(pool, state, tier):
+                waiter = self._next(state, tier)
+                if waiter is not None:
+                    return waiter
+        return None
+
+    def batch_limit(self, capacity: int) -> int:
+        """How much of a pool's capacity batch work may fill: all but the reserve, at least one."""
+        return max(1, capacity - math.ceil(capacity * self.batch_reserve))
 
     def ahead(self, pool: str, tenant: str) -> int:
         """About how many grants come before a new request of `tenant` (round robin: its own waiting
@@ -157,36 +173,40 @@ class FairQueue:
         return rows
 
     # --- internals -----------------------------------------------------------------------------------
-    def _has_room(self, pool: str, state: _Pool) -> bool:
+    def _has_room(self, pool: str, state: _Pool, tier: str) -> bool:
         load, capacity = self._room(pool)
         if capacity <= 0:
             return True  # no live worker known: the dispatcher answers 503 at once
-        return load + state.granted < capacity * self.headroom
+        limit = capacity * self.headroom if tier == INTERACTIVE else self.batch_limit(capacity)
+        return load + state.granted < limit
 
-    def _next(self, state: _Pool) -> _Waiter | None:
-        for tier in (INTERACTIVE, BATCH):
-            order, queues = state.order[tier], state.waiting[tier]
-            while order:  # ends: every turn grants or adds a positive weight to a deficit
-                tenant = order[0]
-                queue = queues.get(tenant)
-                while queue and queue[0].future.done():  # timed out or cancelled meanwhile
-                    queue.popleft()
-                if not queue:
-                    order.popleft()
-                    queues.pop(tenant, None)
-                    state.deficit.pop(tenant, None)
-                    continue
-                if state.deficit[tenant] < 1.0:
-                    state.deficit[tenant] += self.weight_of(tenant)
-                    order.rotate(-1)
-                    continue
-                state.deficit[tenant] -= 1.0
-                waiter = queue.popleft()
-                if not queue:
-                    order.popleft()
-                    queues.pop(tenant, None)
-                    state.deficit.pop(tenant, None)
-                return waiter
+    @staticmethod
+    def _tier_waiting(state: _Pool, tier: str) -> bool:
+        return any(state.waiting[tier].values())
+
+    def _next(self, state: _Pool, tier: str) -> _Waiter | None:
+        order, queues = state.order[tier], state.waiting[tier]
+        while order:  # ends: every turn grants or adds a positive weight to a deficit
+            tenant = order[0]
+            queue = queues.get(tenant)
+            while queue and queue[0].future.done():  # timed out or cancelled meanwhile
+                queue.popleft()
+            if not queue:
+                order.popleft()
+                queues.pop(tenant, None)
+                state.deficit.pop(tenant, None)
+                continue
+            if state.deficit[tenant] < 1.0:
+                state.deficit[tenant] += self.weight_of(tenant)
+                order.rotate(-1)
+                continue
+            state.deficit[tenant] -= 1.0
+            waiter = queue.popleft()
+            if not queue:
+                order.popleft()
+                queues.pop(tenant, None)
+                state.deficit.pop(tenant, None)
+            return waiter
         return None
 
     @staticmethod

@@ -79,6 +79,9 @@ class GatewaySettings(ServiceSettings):
     # go on by fair share, interactive before batch (services/gateway/fairness.py); false: FIFO.
     fair_queuing: bool = True
     fair_headroom: float = Field(1.25, ge=1, le=10)
+    # Share of a pool's capacity batch work (async submissions) leaves free for interactive requests:
+    # batch fills the rest and never queues on the workers (0: batch may fill all of it).
+    batch_reserve: float = Field(0.125, ge=0, lt=1)
     # Base models served (model names accepted as "the base model itself"); pools' heartbeats add theirs.
     base_models: list[str] = Field(default_factory=lambda: ["smollm2-135m"])
 

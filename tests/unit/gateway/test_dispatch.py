@@ -181,3 +181,18 @@ def test_baseline_policies_route_by_the_same_loads():
     d.routing_policy = "random"
     chosen = {d.route("p", ("w1", "w2", "w3"), f"adapter-{i}").worker for i in range(50)}
     assert chosen == {"w1", "w2", "w3"}
+
+
+async def test_an_interactive_request_leaves_a_full_affinity_worker_for_one_with_a_free_sequence():
+    d, js, pools, _ = make()
+    primary = d.route("p", ("w1", "w2"), REF.digest).worker
+    other = "w2" if primary == "w1" else "w1"
+    now = time.time()
+    pools.live[primary] = pools.live[primary].model_copy(update={"in_flight": 8, "ts": now})  # all 8 busy
+    pools.live[other] = pools.live[other].model_copy(update={"in_flight": 7, "ts": now})  # one free
+    assert d.route("p", ("w1", "w2"), REF.digest).worker == primary  # within the bounded load: affinity
+    chat = await d.submit(request("c1"), rank=16, interactive=True)
+    assert chat.worker == other and chat.decision.spilled and not chat.decision.affinity_hit
+    d.abandon(chat)
+    batch = await d.submit(request("b1"), rank=16, interactive=False)
+    assert batch.worker == primary  # batch work keeps its affinity (it never queues past the capacity anyway)

@@ -155,3 +155,65 @@ async def test_acquire_says_whether_it_waited():
     pool.load = 0
     fair.dispatched("p")
     assert await asyncio.wait_for(waiting, 1) is True
+
+
+async def test_batch_work_leaves_a_reserve_that_interactive_requests_use_at_once():
+    pool = Pool(capacity=8)
+    fair = FairQueue(pool.room, headroom=1.25, batch_reserve=0.25)  # batch may fill 6 of 8
+    assert fair.batch_limit(8) == 6 and fair.batch_limit(1) == 1  # always at least one
+    for _ in range(6):
+        assert await fair.acquire("p", "batch", BATCH, None) is False
+        pool.load += 1
+        fair.dispatched("p")
+    waiting_batch = asyncio.create_task(fair.acquire("p", "batch", BATCH, None))
+    await asyncio.sleep(0.01)
+    assert not waiting_batch.done()  # the reserve is not batch work's
+    # an interactive request does not queue behind the waiting batch work: straight into the reserve
+    assert await asyncio.wait_for(fair.acquire("p", "chat", INTERACTIVE, None), 0.1) is False
+    pool.load += 1
+    fair.dispatched("p")
+    pool.load -= 2  # two batch requests finish: one place under the batch limit again
+    fair.kick("p")
+    assert await asyncio.wait_for(waiting_batch, 0.1) is True
+
+
+async def test_without_a_reserve_batch_fills_the_capacity_but_never_the_headroom():
+    pool = Pool(capacity=4)
+    fair = FairQueue(pool.room, headroom=2.0)
+    for _ in range(4):
+        await fair.acquire("p", "batch", BATCH, None)
+        pool.load += 1
+        fair.dispatched("p")
+    blocked = asyncio.create_task(fair.acquire("p", "batch", BATCH, None))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()  # batch never queues on the workers
+    assert await fair.acquire("p", "chat", INTERACTIVE, None) is False  # interactive may, up to the headroom
+    blocked.cancel()
+    await asyncio.gather(blocked, return_exceptions=True)
+
+
+async def test_the_gauges_show_a_waiting_tenant_and_its_oldest_wait():
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from services.gateway.metrics import GatewayMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = GatewayMetrics.create(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    pool = Pool(capacity=1)
+    pool.load = 1
+    fair = FairQueue(pool.room, headroom=1.0)
+    metrics.observe_fair_queue(fair)
+    task = asyncio.create_task(fair.acquire("p", "starved", INTERACTIVE, None))
+    await asyncio.sleep(0.05)
+    points = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points:
+                    points[(metric.name, point.attributes.get("tenant"))] = point.value
+    assert points[("lpx_gateway_fair_waiting", "starved")] == 1
+    assert points[("lpx_gateway_fair_oldest_wait", "starved")] >= 0.04
+    assert points[("lpx_gateway_fair_share", "starved")] == 1.0
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
