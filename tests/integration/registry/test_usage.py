@@ -24,8 +24,9 @@ async def publish(js, result: InferenceResult, subject: str | None = None, msg_i
 
 async def usage_of(registry, tenant: str, requests: int, timeout_s: float = 15) -> dict:
     for _ in range(int(timeout_s / 0.2)):
-        found = (await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": 1})).json()
-        if found["totals"]["requests"] >= requests:
+        reply = await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": 1})
+        found = reply.json()
+        if reply.status_code == 200 and found["totals"]["requests"] >= requests:
             return found
         await asyncio.sleep(0.2)
     raise AssertionError(f"usage of {tenant} did not reach {requests} requests: {found}")
@@ -121,3 +122,36 @@ async def test_usage_of_an_unknown_tenant_is_404_and_a_bad_window_422(registry):
         assert (
             await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": bad})
         ).status_code == 422
+
+
+async def test_results_that_arrive_while_postgres_is_down_are_counted_once_it_is_back(connections):
+    """PostgreSQL SIGKILLed: the usage consumer leaves the results in the stream (nak with a delay) and
+    counts each exactly once after the restart, the registry's other work untouched."""
+    from tests.integration.registry.conftest import registry_settings, running_registry
+    from tests.integration.registry.test_postgres_restart import OwnPostgres
+
+    pg = OwnPostgres()
+    pg.start()
+    try:
+        async with running_registry(registry_settings(connections, pg.dsn)) as registry:
+            tenant = f"pgu-{uuid.uuid4().hex[:8]}"
+            await registry.create_tenant(tenant)
+            pg.kill()
+            nc = await nats.connect(connections.nats_url)
+            js = nc.jetstream()
+            try:
+                rids = [new_id() for _ in range(5)]
+                for rid in rids + rids[:2]:  # two of them answered twice (a re-route)
+                    result = InferenceResult(request_id=rid, worker_id="w1", ok=True, prompt_tokens=3,
+                                             completion_tokens=4, tenant=tenant, base_model="smollm2-135m")  # fmt: skip
+                    await publish(js, result)
+                await asyncio.sleep(2.0)  # the consumer meets the dead database meanwhile
+            finally:
+                await nc.drain()
+            pg.start()
+            found = await usage_of(registry, tenant, requests=5, timeout_s=60)
+            await asyncio.sleep(1.0)
+            found = await usage_of(registry, tenant, requests=5)
+            assert found["totals"] == {"requests": 5, "prompt_tokens": 15, "completion_tokens": 20, "errors": 0}
+    finally:
+        pg.stop()
