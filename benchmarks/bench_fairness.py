@@ -12,7 +12,6 @@ sends `--steady-rps`; the flooder sends 10x the fair share (pool capacity / tena
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -28,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 
-from benchmarks.registry_inproc import stack_with_tenants  # noqa: E402
+from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants  # noqa: E402
 from libs.fleet import Fleet, FleetSpec  # noqa: E402
 
 BASE = "smollm2-135m"
@@ -146,15 +145,8 @@ def render(report: dict, out: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--capacity", type=int, default=8, help="sequences per worker")
-    parser.add_argument("--decode-tok-s", type=float, default=32.0, help="simulated decode rate per sequence")
-    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    parser = sim_pool_parser(__doc__)
     parser.add_argument("--steady-rps", type=float, default=1.0, help="requests/s of each steady tenant")
-    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds sent before measuring")
     parser.add_argument("--deadline", type=float, default=30.0, help="request deadline, seconds")
     args = parser.parse_args()
     render(asyncio.run(main_async(args)), args.out)

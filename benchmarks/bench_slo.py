@@ -14,7 +14,6 @@ JSON in --out/slo.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -29,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 
-from benchmarks.registry_inproc import stack_with_tenants  # noqa: E402
+from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants  # noqa: E402
 from libs.client import LoraplexClient  # noqa: E402
 from libs.contracts import subjects  # noqa: E402
 from libs.fleet import Fleet, FleetSpec  # noqa: E402
@@ -182,16 +181,9 @@ def render(report: dict, out: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--capacity", type=int, default=8, help="sequences per worker")
-    parser.add_argument("--decode-tok-s", type=float, default=32.0, help="simulated decode rate per sequence")
-    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    parser = sim_pool_parser(__doc__)
     parser.add_argument("--interactive-rps", type=float, default=1.0, help="requests/s of each interactive tenant")
     parser.add_argument("--backlog-x", type=float, default=10.0, help="batch backlog in multiples of the capacity")
-    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds sent before measuring")
     args = parser.parse_args()
     args.capacity_rps = args.workers * args.capacity * args.decode_tok_s / args.tokens
     args.backlog_size = int(args.backlog_x * args.workers * args.capacity)

@@ -3,6 +3,7 @@ its lifespan (NATS responders, outbox), and an admin HTTP client over ASGI."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import uuid
@@ -67,3 +68,17 @@ async def stack_with_tenants(name: str, tenants: list[str]):
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
         stack.purge()
+
+
+def sim_pool_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark on a pool of simulated workers (bench_fairness, bench_slo)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--capacity", type=int, default=8, help="sequences per worker")
+    parser.add_argument("--decode-tok-s", type=float, default=32.0, help="simulated decode rate per sequence")
+    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds sent before measuring")
+    return parser
+
