@@ -10,12 +10,11 @@ from __future__ import annotations
 import hmac
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from libs.contracts import AdapterRef, TenantLimits
 from libs.models.catalog import BaseModelSpec
@@ -32,8 +31,9 @@ from services.registry import (
 )
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.cost import cost_basis
-from services.registry.db import is_unavailable, transaction
-from services.registry.errors import Invalid, RegistryError, TooLarge, Unauthorized
+from services.registry.db import transaction
+from services.registry.errors import Invalid, TooLarge, Unauthorized
+from services.registry.http_errors import PG_INT_MAX, documented, error_response, install_error_handlers
 from services.registry.models import AliasPublic, BaseModelPublic, TenantPublic, VersionPublic
 from services.registry.service import RegistryService
 from services.registry.settings import RegistrySettings
@@ -44,8 +44,18 @@ MULTIPART_SLACK = 1 << 20  # form boundaries and fields on top of the adapter's 
 
 
 # --- request and response bodies -----------------------------------------------------------------
+# Names are checked by the registry (422 `bad_name` naming the rule); the pattern is documented here
+# so that generated clients and fuzzers know it, not enforced twice.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NAME_DOC = {"pattern": NAME_PATTERN, "description": "1-63 lowercase letters, digits and '-'"}
+
+
+def name_field() -> Any:
+    return Field(json_schema_extra=NAME_DOC)
+
+
 class TenantCreate(BaseModel):
-    name: str
+    name: str = name_field()
 
 
 class TenantCreated(BaseModel):
@@ -57,12 +67,12 @@ class TenantCreated(BaseModel):
 class BaseModelCreate(BaseModel):
     name: str
     config: dict = Field(description="the model's Hugging Face config.json")
-    source: str = ""
+    source: str = Field("", max_length=2000)
 
 
 class AliasCreate(BaseModel):
-    name: str
-    adapter: str
+    name: str = name_field()
+    adapter: str = name_field()
 
 
 class OverrideRequest(BaseModel):
@@ -81,6 +91,15 @@ class ApiKeyPublic(BaseModel):
 
 
 KEY_ID_PATTERN = r"^[0-9a-f]{16}$"
+# Errors a route documents beyond every admin route's 400/401/422/503.
+LOOKUP = documented(404)  # names something that may not exist
+CHANGES = documented(404, 409)  # ... and changes state that may not allow it
+PUSH_RESPONSES = {200: {"description": "already registered (idempotent)"}, **documented(404, 409, 413)}
+Name = Annotated[
+    str,
+    Path(pattern=NAME_PATTERN, description="1-63 lowercase letters, digits and '-', starting with a letter or digit"),
+]
+VersionNumber = Annotated[int, Path(ge=1, le=PG_INT_MAX, description="version number (1, 2, ...)")]
 
 
 class TenantUpdate(BaseModel):
@@ -93,7 +112,7 @@ class MigrationCreate(BaseModel):
     to_base: str
     steps: int = Field(30, ge=1, le=100_000, description="training steps per adapter")
     batch_size: int = Field(4, ge=1, le=1024)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     requested_by: str = Field("admin", min_length=1, max_length=200)
 
 
@@ -102,11 +121,11 @@ class ItemFailure(BaseModel):
 
 
 class RetireRequest(BaseModel):
-    reason: str = ""
+    reason: str = Field("", max_length=2000)
 
 
 class RollbackRequest(BaseModel):
-    to_version: int | None = None
+    to_version: int | None = Field(None, ge=1, le=PG_INT_MAX)
 
 
 class PushReply(BaseModel):
@@ -148,32 +167,6 @@ def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = Non
         raise Unauthorized("admin token required: send 'Authorization: Bearer <LPX_REGISTRY_ADMIN_TOKEN>'")
 
 
-def error_response(exc: RegistryError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content={"error": exc.code, "detail": exc.message, **exc.details})
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RegistryError)
-    async def registry_error(_: Request, exc: RegistryError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(IntegrityError)
-    async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
-        detail = str(getattr(exc, "orig", exc)).splitlines()[0]
-        return JSONResponse(status_code=409, content={"error": "conflict", "detail": detail})
-
-    async def database_error(_: Request, exc: Exception) -> JSONResponse:
-        if is_unavailable(exc):
-            return JSONResponse(status_code=503, content={"error": "unavailable",
-                                                          "detail": "registry database unavailable; retry"})
-        return JSONResponse(status_code=500, content={"error": "internal", "detail": type(exc).__name__})
-
-    # Registered per class (not for Exception) so they answer inside the app instead of in the
-    # outermost error middleware, which would re-raise after answering.
-    for cls in (DBAPIError, OSError):
-        app.add_exception_handler(cls, database_error)
-
-
 # --- health -----------------------------------------------------------------------------------
 health = APIRouter(tags=["health"])
 
@@ -183,17 +176,22 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@health.get("/readyz")
+class Readiness(BaseModel):
+    ready: bool
+    checks: dict[str, str] = Field(description="each dependency (database, nats, ...): ok or why not")
+
+
+@health.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness, "description": "not ready"}})
 async def readyz(request: Request) -> JSONResponse:
     ok, checks = await request.app.state.service.ready()
     return JSONResponse(status_code=200 if ok else 503, content={"ready": ok, "checks": checks})
 
 
 # --- tenants and base models (admin) -------------------------------------------------------------
-admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)])
+admin = APIRouter(prefix="/v1", dependencies=[Depends(require_admin)], responses=documented(400, 401, 422, 503))
 
 
-@admin.post("/tenants", status_code=201, tags=["tenants"])
+@admin.post("/tenants", status_code=201, tags=["tenants"], responses=documented(409))
 async def create_tenant(body: TenantCreate, ctx: Ctx) -> TenantCreated:
     async with transaction(ctx.sessions) as session:
         tenant, key = await tenants.create_tenant(session, body.name)
@@ -206,8 +204,8 @@ async def list_tenants(ctx: Ctx) -> list[TenantPublic]:
         return [TenantPublic.model_validate(t, from_attributes=True) for t in await tenants.list_tenants(session)]
 
 
-@admin.patch("/tenants/{tenant}", tags=["tenants"])
-async def update_tenant(tenant: str, body: TenantUpdate, ctx: Ctx) -> TenantPublic:
+@admin.patch("/tenants/{tenant}", tags=["tenants"], responses=LOOKUP)
+async def update_tenant(tenant: Name, body: TenantUpdate, ctx: Ctx) -> TenantPublic:
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
         row.eval_threshold = body.eval_threshold
@@ -216,8 +214,8 @@ async def update_tenant(tenant: str, body: TenantUpdate, ctx: Ctx) -> TenantPubl
         return TenantPublic.model_validate(row, from_attributes=True)
 
 
-@admin.put("/tenants/{tenant}/limits", tags=["tenants"])
-async def set_limits(tenant: str, body: TenantLimits, ctx: Ctx) -> TenantPublic:
+@admin.put("/tenants/{tenant}/limits", tags=["tenants"], responses=LOOKUP)
+async def set_limits(tenant: Name, body: TenantLimits, ctx: Ctx) -> TenantPublic:
     """Replace the tenant's limits (a field left out or null: the pool default). Every gateway picks
     the change up from the registry's event."""
     async with transaction(ctx.sessions) as session:
@@ -228,15 +226,15 @@ async def set_limits(tenant: str, body: TenantLimits, ctx: Ctx) -> TenantPublic:
     return public
 
 
-@admin.get("/tenants/{tenant}/keys", tags=["tenants"])
-async def list_keys(tenant: str, ctx: Ctx) -> list[ApiKeyPublic]:
+@admin.get("/tenants/{tenant}/keys", tags=["tenants"], responses=LOOKUP)
+async def list_keys(tenant: Name, ctx: Ctx) -> list[ApiKeyPublic]:
     async with ctx.sessions() as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
         return [ApiKeyPublic.model_validate(k, from_attributes=True) for k in await tenants.list_keys(session, row)]
 
 
-@admin.post("/tenants/{tenant}/keys/{key_id}/revoke", tags=["tenants"])
-async def revoke_key(tenant: str, key_id: Annotated[str, Path(pattern=KEY_ID_PATTERN)], ctx: Ctx) -> ApiKeyPublic:
+@admin.post("/tenants/{tenant}/keys/{key_id}/revoke", tags=["tenants"], responses=CHANGES)
+async def revoke_key(tenant: Name, key_id: Annotated[str, Path(pattern=KEY_ID_PATTERN)], ctx: Ctx) -> ApiKeyPublic:
     """Revoke a key (idempotent). It stops working at every gateway within about a second."""
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
@@ -274,8 +272,8 @@ class UsagePublic(BaseModel):
     cost: CostPublic
 
 
-@admin.get("/tenants/{tenant}/usage", tags=["usage"])
-async def tenant_usage(tenant: str, ctx: Ctx, since_hours: Annotated[float, Query(gt=0, le=24 * 400)] = 24.0
+@admin.get("/tenants/{tenant}/usage", tags=["usage"], responses=LOOKUP)
+async def tenant_usage(tenant: Name, ctx: Ctx, since_hours: Annotated[float, Query(gt=0, le=24 * 400)] = 24.0
                        ) -> UsagePublic:  # fmt: skip
     """Requests, prompt and completion tokens and errors per adapter and hour (UTC), each request
     counted once, from the hour `since_hours` ago on."""
@@ -296,15 +294,15 @@ async def tenant_usage(tenant: str, ctx: Ctx, since_hours: Annotated[float, Quer
     return UsagePublic(tenant=found.tenant, since=found.since, rows=rows, totals=totals, cost=cost)
 
 
-@admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"])
-async def add_key(tenant: str, ctx: Ctx) -> TenantCreated:
+@admin.post("/tenants/{tenant}/keys", status_code=201, tags=["tenants"], responses=LOOKUP)
+async def add_key(tenant: Name, ctx: Ctx) -> TenantCreated:
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
         key = await tenants.add_key(session, row)
     return TenantCreated(tenant=tenant, api_key=key.plaintext, key_id=key.key_id)
 
 
-@admin.post("/base-models", status_code=201, tags=["base models"])
+@admin.post("/base-models", status_code=201, tags=["base models"], responses=documented(409))
 async def register_base(body: BaseModelCreate, ctx: Ctx) -> BaseModelPublic:
     try:
         spec = BaseModelSpec.from_hf_config(body.config, name=check_base_name(body.name))
@@ -324,11 +322,12 @@ async def list_bases(ctx: Ctx) -> list[BaseModelPublic]:
 
 
 # --- adapters and versions (admin) ---------------------------------------------------------------
-@admin.post("/adapters", tags=["adapters"], responses={200: {"description": "already registered (idempotent)"}})
-async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str, Form()],
+@admin.post("/adapters", tags=["adapters"], responses=PUSH_RESPONSES)
+async def push(ctx: Ctx, tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+               adapter: Annotated[str, Form(json_schema_extra=NAME_DOC)],
                base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()],
                dataset: Annotated[str | None, Form()] = None,
-               migration_item: Annotated[int | None, Form()] = None) -> JSONResponse:  # fmt: skip
+               migration_item: Annotated[int | None, Form(ge=1, le=PG_INT_MAX)] = None) -> JSONResponse:  # fmt: skip
     """Push a version: multipart with `tenant`, `adapter`, `base_model` and the adapter's files
     (adapter_config.json and adapter_model.safetensors), optionally `dataset` (the tenant's dataset
     it was trained from: the eval gate evaluates on its eval split). 201 when created, 200 when this
@@ -343,20 +342,20 @@ async def push(ctx: Ctx, tenant: Annotated[str, Form()], adapter: Annotated[str,
     return JSONResponse(status_code=201 if result.created else 200, content=body.model_dump(mode="json"))
 
 
-@admin.get("/adapters", tags=["adapters"])
+@admin.get("/adapters", tags=["adapters"], responses=LOOKUP)
 async def list_adapters(ctx: Ctx, tenant: str | None = Query(None)) -> list:
     async with ctx.sessions() as session:
         return [a.model_dump(mode="json") for a in await versions.list_adapters(session, tenant)]
 
 
-@admin.get("/tenants/{tenant}/adapters/{adapter}/versions", tags=["adapters"])
-async def history(tenant: str, adapter: str, ctx: Ctx) -> list[VersionPublic]:
+@admin.get("/tenants/{tenant}/adapters/{adapter}/versions", tags=["adapters"], responses=LOOKUP)
+async def history(tenant: Name, adapter: Name, ctx: Ctx) -> list[VersionPublic]:
     async with ctx.sessions() as session:
         return await versions.history(session, tenant, adapter)
 
 
-@admin.post("/tenants/{tenant}/adapters/{adapter}/rollback", tags=["lifecycle"])
-async def rollback(tenant: str, adapter: str, body: RollbackRequest, ctx: Ctx) -> VersionPublic:
+@admin.post("/tenants/{tenant}/adapters/{adapter}/rollback", tags=["lifecycle"], responses=CHANGES)
+async def rollback(tenant: Name, adapter: Name, body: RollbackRequest, ctx: Ctx) -> VersionPublic:
     async with transaction(ctx.sessions) as session:
         number = await aliases.rollback(session, await aliases.get_tenant(session, tenant), adapter, body.to_version)
     ctx.wake_relay()
@@ -374,14 +373,14 @@ async def _transition(ctx: RegistryContext, tenant: str, adapter: str, number: i
     return await versions.show_version(ctx, alias.version_id)
 
 
-@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluating", tags=["lifecycle"])
-async def begin_evaluation(tenant: str, adapter: str, number: int, ctx: Ctx) -> VersionPublic:
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluating", tags=["lifecycle"], responses=CHANGES)
+async def begin_evaluation(tenant: Name, adapter: Name, number: VersionNumber, ctx: Ctx) -> VersionPublic:
     """The eval gate announces that it started on this version (optional: a verdict implies it)."""
     return await _transition(ctx, tenant, adapter, number, lifecycle.begin_evaluation)
 
 
-@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluate", tags=["lifecycle"])
-async def request_evaluation(tenant: str, adapter: str, number: int, body: EvaluateRequest, ctx: Ctx
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluate", tags=["lifecycle"], responses=CHANGES)
+async def request_evaluation(tenant: Name, adapter: Name, number: VersionNumber, body: EvaluateRequest, ctx: Ctx
                              ) -> VersionPublic:  # fmt: skip
     """Ask the eval gate to (re-)evaluate a pending, evaluating or rejected version."""
 
@@ -391,8 +390,10 @@ async def request_evaluation(tenant: str, adapter: str, number: int, body: Evalu
     return await _transition(ctx, tenant, adapter, number, apply)
 
 
-@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/activate", tags=["lifecycle"])
-async def override_activate(tenant: str, adapter: str, number: int, body: OverrideRequest, ctx: Ctx) -> VersionPublic:
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/activate", tags=["lifecycle"], responses=CHANGES)
+async def override_activate(
+    tenant: Name, adapter: Name, number: VersionNumber, body: OverrideRequest, ctx: Ctx
+) -> VersionPublic:
     """Admin override: activate without a passing evaluation. Recorded (actor, reason, time) in the
     version and in the "activated" event."""
     override = lifecycle.Override(actor=body.actor, reason=body.reason)
@@ -403,8 +404,8 @@ async def override_activate(tenant: str, adapter: str, number: int, body: Overri
     return await _transition(ctx, tenant, adapter, number, apply)
 
 
-@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/retire", tags=["lifecycle"])
-async def retire(tenant: str, adapter: str, number: int, body: RetireRequest, ctx: Ctx) -> VersionPublic:
+@admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/retire", tags=["lifecycle"], responses=CHANGES)
+async def retire(tenant: Name, adapter: Name, number: VersionNumber, body: RetireRequest, ctx: Ctx) -> VersionPublic:
     async def apply(session, vctx):
         await lifecycle.retire(session, vctx, body.reason)
 
@@ -412,14 +413,14 @@ async def retire(tenant: str, adapter: str, number: int, body: RetireRequest, ct
 
 
 # --- aliases (admin) -----------------------------------------------------------------------------
-@admin.get("/tenants/{tenant}/aliases", tags=["aliases"])
-async def list_aliases(tenant: str, ctx: Ctx) -> list[AliasPublic]:
+@admin.get("/tenants/{tenant}/aliases", tags=["aliases"], responses=LOOKUP)
+async def list_aliases(tenant: Name, ctx: Ctx) -> list[AliasPublic]:
     async with ctx.sessions() as session:
         return await aliases.list_aliases(session, await aliases.get_tenant(session, tenant))
 
 
-@admin.post("/tenants/{tenant}/aliases", status_code=201, tags=["aliases"])
-async def create_alias(tenant: str, body: AliasCreate, ctx: Ctx) -> AliasPublic:
+@admin.post("/tenants/{tenant}/aliases", status_code=201, tags=["aliases"], responses=CHANGES)
+async def create_alias(tenant: Name, body: AliasCreate, ctx: Ctx) -> AliasPublic:
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, tenant)
         await aliases.add_follow(session, row, await aliases.get_adapter(session, row, body.adapter), body.name)
@@ -429,29 +430,30 @@ async def create_alias(tenant: str, body: AliasCreate, ctx: Ctx) -> AliasPublic:
     return found[0]
 
 
-@admin.get("/tenants/{tenant}/aliases/{alias}", tags=["aliases"])
-async def show_alias(tenant: str, alias: str, ctx: Ctx) -> VersionPublic:
+@admin.get("/tenants/{tenant}/aliases/{alias}", tags=["aliases"], responses=LOOKUP)
+async def show_alias(tenant: Name, alias: Name, ctx: Ctx) -> VersionPublic:
     """The version an alias points at now, whatever its status."""
     async with ctx.sessions() as session:
         return await versions.show_alias(session, tenant, alias)
 
 
 # --- datasets (admin) ----------------------------------------------------------------------------
-@admin.post("/datasets", status_code=201, tags=["datasets"])
-async def upload_dataset(ctx: Ctx, tenant: Annotated[str, Form()], name: Annotated[str, Form()],
+@admin.post("/datasets", status_code=201, tags=["datasets"], responses=documented(404, 409, 413))
+async def upload_dataset(ctx: Ctx, tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+                         name: Annotated[str, Form(json_schema_extra=NAME_DOC)],
                          file: Annotated[UploadFile, File()]) -> datasets.DatasetPublic:  # fmt: skip
     with spooled_upload([file], ctx.settings.max_adapter_bytes) as directory:
         return await datasets.store_dataset(ctx, tenant, name, directory / (file.filename or ""))
 
 
-@admin.get("/tenants/{tenant}/datasets", tags=["datasets"])
-async def list_datasets(tenant: str, ctx: Ctx) -> list[datasets.DatasetPublic]:
+@admin.get("/tenants/{tenant}/datasets", tags=["datasets"], responses=LOOKUP)
+async def list_datasets(tenant: Name, ctx: Ctx) -> list[datasets.DatasetPublic]:
     async with ctx.sessions() as session:
         return await datasets.list_datasets(session, tenant)
 
 
 # --- base-model migrations (admin) ---------------------------------------------------------------
-@admin.get("/migrations/plan", tags=["migrations"])
+@admin.get("/migrations/plan", tags=["migrations"], responses=LOOKUP)
 async def migration_plan(ctx: Ctx, from_base: str = Query(...), to_base: str = Query(...)
                          ) -> base_migrations.MigrationPlan:  # fmt: skip
     """Every adapter served on `from_base` and the dataset it would be retrained from."""
@@ -459,7 +461,7 @@ async def migration_plan(ctx: Ctx, from_base: str = Query(...), to_base: str = Q
         return await base_migrations.plan(session, from_base, to_base)
 
 
-@admin.post("/migrations", status_code=201, tags=["migrations"])
+@admin.post("/migrations", status_code=201, tags=["migrations"], responses=CHANGES)
 async def start_migration(body: MigrationCreate, ctx: Ctx) -> base_migrations.MigrationStatus:
     """Start a migration: one training job per adapter, through the outbox (exactly once)."""
     recipe = base_migrations.default_recipe(ctx.settings.max_rank, body.steps, body.seed, body.batch_size)
@@ -477,14 +479,16 @@ async def list_migrations(ctx: Ctx) -> list[base_migrations.MigrationStatus]:
         return await base_migrations.list_migrations(session)
 
 
-@admin.get("/migrations/{migration_id}", tags=["migrations"])
+@admin.get("/migrations/{migration_id}", tags=["migrations"], responses=LOOKUP)
 async def migration_status(migration_id: str, ctx: Ctx) -> base_migrations.MigrationStatus:
     async with ctx.sessions() as session:
         return await base_migrations.status(session, migration_id)
 
 
-@admin.post("/migrations/{migration_id}/items/{item_id}/failed", tags=["migrations"])
-async def migration_item_failed(migration_id: str, item_id: int, body: ItemFailure, ctx: Ctx) -> dict:
+@admin.post("/migrations/{migration_id}/items/{item_id}/failed", tags=["migrations"], responses=CHANGES)
+async def migration_item_failed(
+    migration_id: str, item_id: Annotated[int, Path(ge=1, le=PG_INT_MAX)], body: ItemFailure, ctx: Ctx
+) -> dict:
     """The trainer reports that an item's training failed (the tenant stays on the old base)."""
     async with transaction(ctx.sessions) as session:
         await base_migrations.fail_item(session, migration_id, item_id, body.reason)
@@ -492,16 +496,16 @@ async def migration_item_failed(migration_id: str, item_id: int, body: ItemFailu
 
 
 @admin.post("/admin/sweep-orphans", tags=["maintenance"])
-async def sweep(ctx: Ctx, grace_s: float | None = Query(None, ge=0)) -> dict:
+async def sweep(ctx: Ctx, grace_s: float | None = Query(None, ge=0, le=10 * 365 * 24 * 3600)) -> dict:
     return {"swept": await orphans.sweep_orphans(ctx, grace_s)}
 
 
 # --- resolution (admin token or the tenant's API key) ------------------------------------------
-public = APIRouter(prefix="/v1", tags=["resolve"])
+public = APIRouter(prefix="/v1", tags=["resolve"], responses=documented(400, 401, 404, 422, 503))
 
 
 @public.get("/resolve/{tenant}/{alias}")
-async def resolve(tenant: str, alias: str, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+async def resolve(tenant: Name, alias: Name, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
                   ) -> Resolution:  # fmt: skip
     """(tenant, alias) -> the active version's digest, object key, base model and rank."""
     async with ctx.sessions() as session:
