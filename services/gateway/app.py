@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.broker import BrokerLink
 from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, TenantLimits, subjects
@@ -233,6 +235,12 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body that is not JSON, an unknown path or method) in OpenAI's shape too.
+        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+        return GatewayError(exc.status_code, str(exc.detail), codes.get(exc.status_code, "http_error")).response()
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
@@ -244,7 +252,7 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness, "description": "no broker"}})
     async def readyz() -> JSONResponse:
         """Ready while connected to the broker (liveness, /healthz, stays up during an outage)."""
         broker = gw.started and gw.link.connected
@@ -253,4 +261,27 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         return JSONResponse(body, status_code=200 if broker else 503)
 
     app.include_router(router)
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+class Readiness(BaseModel):
+    ready: bool
+    workers: int = Field(description="live workers this gateway sees")
+    broker: str = Field(description="connected or unreachable")
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI documents 422 for every route with a body or parameters; the gateway answers invalid
+    requests with 400 in OpenAI's shape instead (documented per route), so 422 is never sent."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -11,8 +11,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,38 +23,63 @@ from services.gateway import errors, timeline
 from services.gateway.auth import bearer_key
 from services.gateway.errors import GatewayError
 from services.gateway.limits import Ticket, estimate_tokens
+from services.gateway.schemas import MODELS_RESPONSES, ChatCompletion, Completion, completion_responses
 
 router = APIRouter()
+MAX_NEW_TOKENS = SamplingParams.model_fields["max_tokens"].metadata[-1].le
+MAX_STOP = SamplingParams.model_fields["stop"].metadata[-1].max_length
+MAX_SEED = 2**63 - 1
+_bearer = HTTPBearer(auto_error=False, description="your tenant's API key: `Authorization: Bearer lpx_...`")
+
+
+def _authorization(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
+    """The Authorization header as sent (the key's format is checked later: 401 in OpenAI's shape)."""
+    return f"{credentials.scheme} {credentials.credentials}" if credentials else None
+
+
+Authorization = Annotated[str | None, Depends(_authorization)]
 
 
 # --- request bodies (the subset of OpenAI's parameters a LoRA worker honours) -------------------
+MAX_TEXT = 1_000_000  # characters of one field; the prompt as a whole is bounded by max_prompt_chars
+MAX_PARTS = 1_000  # messages, content parts
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+StopText = Annotated[str, Field(max_length=1_000)]
+
+
 class _ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
-    text: str
+    text: str = Field(max_length=MAX_TEXT)
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[_ContentPart]
+    content: Text | Annotated[list[_ContentPart], Field(max_length=MAX_PARTS)]
 
     def to_contract(self) -> ChatMessage:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
         return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    model: str = Field(min_length=1, max_length=256, description="an adapter alias of your tenant or a base model")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP)] | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = False
-    stream_options: dict | None = None
-    n: int | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
+    user: str | None = Field(None, max_length=256, description="accepted for OpenAI compatibility, not used")
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         if self.n not in (None, 1):
@@ -73,40 +99,44 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
+        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+         "stream_options": {"include_usage": True}},
+    ]})  # fmt: skip
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_PARTS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
-    echo: bool = False
-    suffix: str | None = None
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+        {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8},
+    ]})  # fmt: skip
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
+        description="one prompt (a list of exactly one is accepted)"
+    )
+    echo: Literal[False] = Field(False, description="not supported (true is refused with 400)")
+    suffix: Literal[""] | None = Field(None, description="not supported (a suffix is refused with 400)")
 
 
 # --- handlers ------------------------------------------------------------------------------------
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           authorization: Annotated[str | None, Header()] = None):  # fmt: skip
+@router.post("/v1/chat/completions", response_model=None, responses=completion_responses(ChatCompletion))
+async def chat_completions(body: ChatCompletionRequest, request: Request, authorization: Authorization):
     if body.max_completion_tokens and not body.max_tokens:
         body.max_tokens = body.max_completion_tokens
     messages = [m.to_contract() for m in body.messages]
     return await _serve(request, authorization, body, "chat", prompt=None, messages=messages)
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request,
-                      authorization: Annotated[str | None, Header()] = None):  # fmt: skip
-    if isinstance(body.prompt, list):
-        if len(body.prompt) != 1:
-            raise errors.bad_request("exactly one prompt per request is supported", "prompt")
+@router.post("/v1/completions", response_model=None, responses=completion_responses(Completion))
+async def completions(body: CompletionRequest, request: Request, authorization: Authorization):
+    if isinstance(body.prompt, list):  # exactly one (the schema refuses more)
         body.prompt = body.prompt[0]
-    if body.echo or body.suffix:
-        raise errors.bad_request("echo and suffix are not supported", "echo" if body.echo else "suffix")
     return await _serve(request, authorization, body, "completion", prompt=body.prompt, messages=None)
 
 
-@router.get("/v1/models")
-async def list_models(request: Request, authorization: Annotated[str | None, Header()] = None) -> JSONResponse:
+@router.get("/v1/models", response_model=None, responses=MODELS_RESPONSES)
+async def list_models(request: Request, authorization: Authorization) -> JSONResponse:
     gw = request.app.state.gateway
     key, _ = bearer_key(authorization)
     tenant, names = await gw.models(key)
@@ -141,7 +171,7 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
                 job = await gw.dispatch(prepared, request_id=rid, prompt=prompt, messages=messages,
                                         sampling=sampling, deadline=deadline, stream=body.stream)  # fmt: skip
                 if body.stream:
-                    usage = bool((body.stream_options or {}).get("include_usage"))
+                    usage = bool(body.stream_options and body.stream_options.include_usage)
                     gen = _sse(gw, job, deadline, kind, body.model, rid, (started, accepted_at), attrs, usage, ticket)
                     streaming = True  # the stream releases the ticket when it ends
                     return StreamingResponse(gen, media_type="text/event-stream",

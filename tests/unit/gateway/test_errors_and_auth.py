@@ -52,16 +52,37 @@ def test_key_parsing():
     assert KEY not in fingerprint(KEY) and len(fingerprint(KEY)) == 64
 
 
-def test_sampling_validation_is_a_400_naming_the_parameter():
-    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], temperature=5)
-    with pytest.raises(GatewayError) as info:
-        body.sampling(128)
-    assert info.value.status == 400 and info.value.param == "temperature"
-    with pytest.raises(GatewayError) as info:
-        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], n=3).sampling(128)
-    assert info.value.param == "n"
-    ok = CompletionRequest(model="m", prompt="x", stop="END", max_tokens=7).sampling(16)
-    assert ok.stop == ["END"] and ok.max_tokens == 7 and ok.temperature == 0.0
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"n": 3}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 10**9}, "max_tokens"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": 2**70}, "seed"),
+        ({"stop": ["x"] * 9}, "stop"),
+        ({"messages": [{"role": "user", "content": "x" * 1_000_001}]}, "messages"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_out_of_range_parameters_are_a_400_naming_the_parameter_in_openais_shape(extra, param):
+    from fastapi.testclient import TestClient
+
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
+
+    client = TestClient(create_app(GatewaySettings(_env_file=None)))  # no lifespan: refused before any I/O
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    reply = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer lpx_x"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and param in error["message"]
+
+
+def test_sampling_keeps_what_was_asked():
+    ok = CompletionRequest(model="m", prompt="x", stop="a long stop string", max_tokens=7).sampling(16)
+    assert ok.stop == ["a long stop string"] and ok.max_tokens == 7 and ok.temperature == 0.0
 
 
 def test_content_parts_are_joined():
