@@ -121,6 +121,10 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     return NatsBroker(nats_servers(nats_url), middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
+MAX_DEAD_LETTER_PAYLOAD = 64 * 1024  # characters of the original payload kept in a dead letter
+MAX_DEAD_LETTER_HEADER = 1024
+
+
 def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,
                 headers: Mapping[str, str] | None = None) -> DeadLetter:
     """The dead-letter record for a message that could not be processed, reason included."""
@@ -130,8 +134,14 @@ def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | 
         text = payload.decode("utf-8", errors="replace")
     else:
         text = payload
-    return DeadLetter(service=service, original_subject=subject, reason=reason, payload=text,
-                      headers={k: str(v) for k, v in (headers or {}).items()})  # fmt: skip
+    size = len(payload) if isinstance(payload, bytes) else len(text.encode("utf-8", errors="replace"))
+    # Kept short enough to be publishable whatever came in: a payload near the broker's limit, or bytes
+    # that triple once decoded with replacement characters, would make the letter itself unpublishable
+    # (and the message it stands for would be redelivered for ever).
+    kept = {str(k)[:200]: str(v)[:MAX_DEAD_LETTER_HEADER] for k, v in list((headers or {}).items())[:64]}
+    return DeadLetter(service=service, original_subject=subject[:1000], reason=reason[:4000],
+                      payload=text[:MAX_DEAD_LETTER_PAYLOAD], payload_bytes=size,
+                      truncated=len(text) > MAX_DEAD_LETTER_PAYLOAD, headers=kept)  # fmt: skip
 
 
 class JetStreamPublisher:

@@ -407,7 +407,9 @@ class DeadLetter(Message):
     service: str
     original_subject: str
     reason: str
-    payload: str  # original bytes, decoded as UTF-8 with replacement
+    payload: str  # original bytes, decoded as UTF-8 with replacement (the first 64 KiB characters)
+    payload_bytes: int = 0  # size of the original payload
+    truncated: bool = False  # the payload kept here is the start of a longer one
     headers: dict[str, str] = Field(default_factory=dict)
     ts: float = Field(default_factory=time.time)
 
@@ -428,7 +430,8 @@ class SubmitRequest(Message):
     Resubmitting the same request_id never generates twice. Ids are at most 100 characters (the
     gateway derives its internal work id from it)."""
 
-    request_id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_-]{1,100}$")
+    # Required on the wire: the result is published under it, so one the caller does not know is lost.
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,100}$")
     api_key: str
     model: str  # an adapter alias of the caller's tenant, or a base model name
     prompt: str | None = None

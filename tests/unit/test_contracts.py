@@ -125,3 +125,15 @@ def test_worker_ids_may_not_take_the_pool_token():
         WorkerSettings(worker_id="_any")
     with pytest.raises(VE):
         WorkerSettings(worker_id="a.b")
+
+
+def test_a_dead_letter_stays_publishable_whatever_it_stands_for():
+    from libs.messaging import MAX_DEAD_LETTER_PAYLOAD, dead_letter
+
+    garbage = bytes(range(128, 256)) * 8_000  # 1 MB that is not UTF-8: 3 MB once decoded with replacements
+    letter = dead_letter("gateway", "lpx.submit", "invalid SubmitRequest", garbage, {"X-Odd": "v" * 5000})
+    assert letter.truncated and letter.payload_bytes == len(garbage)
+    assert len(letter.payload) == MAX_DEAD_LETTER_PAYLOAD
+    assert len(letter.model_dump_json().encode()) < 512 * 1024  # far under the broker's 1 MiB
+    small = dead_letter("worker", "lpx.infer.p.w.base", "bad", b'{"a": 1}')
+    assert not small.truncated and small.payload == '{"a": 1}' and small.payload_bytes == 8
