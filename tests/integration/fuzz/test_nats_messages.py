@@ -111,6 +111,32 @@ def run_examples(loop, strategy, check) -> None:
     one()
 
 
+async def feed(js, watch: Watch, subject: str, strategy, service: str) -> Counter:
+    """Publish each example to `subject`; each must be dead-lettered by `service` with a reason, or
+    answered (a result under its request id) within seconds. The outcomes, counted."""
+    outcomes: Counter = Counter()
+
+    async def check(payload: bytes, extra: dict) -> None:
+        mark = uuid.uuid4().hex
+        await js.publish(subject, payload, headers={**extra, MARK: mark, "Nats-Msg-Id": mark})
+        rid = _request_id(payload)
+
+        async def accounted() -> bool:
+            if mark in watch.letters:
+                assert watch.letters[mark].service == service and watch.letters[mark].reason
+                outcomes["dead-lettered"] += 1
+                return True
+            if rid is not None and await answered(js, rid):
+                outcomes["answered"] += 1
+                return True
+            return False
+
+        assert await until(accounted, 10), f"neither dead-lettered nor answered: {payload[:200]!r}"
+
+    await asyncio.to_thread(run_examples, asyncio.get_running_loop(), st.tuples(strategy, headers), check)
+    return outcomes
+
+
 async def still_serving(platform) -> None:
     body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 4}
     async with httpx.AsyncClient(base_url=platform.url, timeout=30) as http:
@@ -135,25 +161,7 @@ async def test_malformed_submissions_are_dead_lettered_or_answered_and_the_gatew
                 "model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
                 "sampling": {"max_tokens": 4}}  # fmt: skip
 
-    async def check(payload: bytes, extra: dict) -> None:
-        mark = uuid.uuid4().hex
-        await js.publish(subjects.SUBMIT, payload, headers={**extra, MARK: mark, "Nats-Msg-Id": mark})
-        rid = _request_id(payload)
-
-        async def accounted() -> bool:
-            if mark in watch.letters:
-                assert watch.letters[mark].reason, "a dead letter without a reason"
-                outcomes["dead-lettered"] += 1
-                return True
-            if rid is not None and await answered(js, rid):
-                outcomes["answered"] += 1
-                return True
-            return False
-
-        assert await until(accounted, 10), f"submission neither dead-lettered nor answered: {payload[:200]!r}"
-
-    outcomes: Counter = Counter()
-    await asyncio.to_thread(run_examples, asyncio.get_running_loop(), st.tuples(payloads(valid), headers), check)
+    outcomes = await feed(js, watch, subjects.SUBMIT, payloads(valid), "gateway")
     print(f"submissions: {dict(outcomes)}")
     assert outcomes["dead-lettered"] and outcomes["answered"], outcomes  # both paths were exercised
     await nothing_pending(js, subjects.SUBMIT_STREAM, "gateway-submit")
@@ -168,25 +176,7 @@ async def test_malformed_routed_work_is_dead_lettered_or_answered_and_the_worker
         return {"schema_version": 1, "request_id": uuid.uuid4().hex, "tenant_id": platform.tenant,
                 "base_model": "smollm2-135m", "prompt": "hi", "sampling": {"max_tokens": 4}}  # fmt: skip
 
-    async def check(payload: bytes, extra: dict) -> None:
-        mark = uuid.uuid4().hex
-        await js.publish(subject, payload, headers={**extra, MARK: mark, "Nats-Msg-Id": mark})
-        rid = _request_id(payload)
-
-        async def accounted() -> bool:
-            if mark in watch.letters:
-                assert watch.letters[mark].service == "worker" and watch.letters[mark].reason
-                outcomes["dead-lettered"] += 1
-                return True
-            if rid is not None and await answered(js, rid):
-                outcomes["answered"] += 1
-                return True
-            return False
-
-        assert await until(accounted, 10), f"routed work neither dead-lettered nor answered: {payload[:200]!r}"
-
-    outcomes: Counter = Counter()
-    await asyncio.to_thread(run_examples, asyncio.get_running_loop(), st.tuples(payloads(valid), headers), check)
+    outcomes = await feed(js, watch, subject, payloads(valid), "worker")
     print(f"routed work: {dict(outcomes)}")
     assert outcomes["dead-lettered"] and outcomes["answered"], outcomes
     await nothing_pending(js, subjects.INFER_STREAM, subjects.worker_durable(platform.pool, WORKER))
