@@ -205,6 +205,11 @@ class TenantLimiter:
         state = self._tenants.get(tenant)
         return state.in_flight if state else 0
 
+    def others_in_flight(self, tenant: str) -> int:
+        """The tenant's requests in flight at the other replicas, as last reported."""
+        state = self._tenants.get(tenant)
+        return state.remote_in_flight(self._clock(), self.remote_stale_s) if state else 0
+
     @staticmethod
     def _tpm_wait(state: _TenantState, tpm: int, now: float, needed: int) -> float:
         """Seconds until enough of the window's charges expire for `needed` more tokens."""

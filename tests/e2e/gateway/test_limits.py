@@ -181,13 +181,16 @@ async def test_two_gateway_replicas_count_a_tenant_against_the_same_limits(
         assert reply.status_code == 200
         for served in (gateway, second):
             await until(lambda s=served: not any(k[1] == tenant for k in s.gateway.cache._entries))
+        # Each replica sees the other's requests one report late: wait until both know the earlier ones ended.
+        await until(lambda: gateway.gateway.limiter.others_in_flight(tenant) == 0)
+        await until(lambda: second.gateway.limiter.others_in_flight(tenant) == 0)
         long = asyncio.create_task(asyncio.to_thread(ask, one, 48))  # holds the tenant's one place on gateway 1
         await until(lambda: gateway.gateway.limiter.in_flight(tenant) == 1)
-        await asyncio.sleep(0.5)  # a few of gateway 1's reports
+        await until(lambda: second.gateway.limiter.others_in_flight(tenant) == 1)  # gateway 1's report came
         with pytest.raises(openai.RateLimitError, match="1 requests in flight"):
             await asyncio.to_thread(ask, two)
         await long
-        await asyncio.sleep(0.5)  # gateway 1 reports the tenant idle
+        await until(lambda: second.gateway.limiter.others_in_flight(tenant) == 0)  # gateway 1 reported it idle
         await asyncio.to_thread(ask, two)
         assert second.gateway.weights.get(tenant) == 3  # its fair-share weight came with its auth
         assert second.gateway.limit_sync.reports_received > 0
