@@ -261,8 +261,22 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         return JSONResponse(body, status_code=200 if broker else 503)
 
     app.include_router(router)
+    app.middleware("http")(_limit_body(settings.max_body_bytes))
     app.openapi = lambda: _openapi(app)
     return app
+
+
+def _limit_body(max_bytes: int):
+    """Refuse an oversized body from its Content-Length, before it is read and parsed."""
+
+    async def middleware(request: Request, call_next):
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_bytes:
+            message = f"The request body is {length} bytes; this gateway accepts at most {max_bytes}."
+            return GatewayError(413, message, "request_too_large").response()
+        return await call_next(request)
+
+    return middleware
 
 
 class Readiness(BaseModel):

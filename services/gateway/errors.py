@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 408: "timeout", 409: "conflict", 429: "rate_limit_error",
-          500: "server_error", 502: "server_error", 503: "server_error", 504: "timeout"}  # fmt: skip
+          404: "invalid_request_error", 408: "timeout", 409: "conflict", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error",
+          504: "timeout"}  # fmt: skip
 
 
 class GatewayError(Exception):

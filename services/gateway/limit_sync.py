@@ -10,8 +10,9 @@ How exact: a replica sees the others' admissions one interval (+ transit) late, 
 admit at the same moment a tenant can pass its limit by what the replicas admit in one interval (at
 most one burst each for requests per second); over longer windows the limits hold. The same lag the
 other way: a place freed at one replica is seen free by the others a report later (measured here up to
-~0.3 s with busy event loops), so a tenant at its concurrency limit can be refused that long for nothing. While the broker is
-away each replica counts alone (its own share up to the whole limit): limits fail open, never shut.
+~0.3 s with busy event loops), so a tenant at its concurrency limit can be refused that long for nothing.
+While the broker is away each replica counts alone (its own share up to the whole limit): limits fail
+open, never shut.
 
 Hand-written rather than a NATS KV counter per request: a compare-and-set round trip on every request's
 path, contended by every replica for a busy tenant, for exactness nobody needs at one-second windows.

@@ -82,6 +82,7 @@ _ERRORS = {
     400: "invalid request: the parameter is named in `param`",
     401: "no, a malformed or a revoked API key",
     404: "no such model for this tenant (or no active version yet)",
+    413: "the request body is over the gateway's limit (LPX_GATEWAY_MAX_BODY_BYTES)",
     429: "over the tenant's limits: Retry-After says when to retry",
     502: "the worker failed or answered with another adapter than resolved (the answer is withheld)",
     503: "no worker can take it now, the pool is overloaded (Retry-After), or the registry is unreachable",
@@ -109,7 +110,7 @@ def completion_responses(model: type[BaseModel]) -> dict[int | str, dict]:
         "`data: [DONE]`)",
         "content": {"text/event-stream": {"schema": SSE_EVENT}},
     }
-    return {200: ok, **error_responses(400, 401, 404, 429, 502, 503, 504)}
+    return {200: ok, **error_responses(400, 401, 404, 413, 429, 502, 503, 504)}
 
 
 MODELS_RESPONSES = {200: {"model": ModelList}, **error_responses(400, 401, 503)}

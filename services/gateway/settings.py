@@ -44,6 +44,8 @@ class GatewaySettings(ServiceSettings):
     cache_max_entries: int = 100_000
     # Prompts longer than this (characters, summed over messages) are refused with 400.
     max_prompt_chars: int = 32_000
+    # A request body larger than this is refused with 413 before it is read (its Content-Length).
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     # A worker is dead when its heartbeat key is gone or older than this; the view polls this often.
     heartbeat_staleness_s: float = Field(10.0, gt=0)
     pool_poll_s: float = Field(0.5, gt=0)

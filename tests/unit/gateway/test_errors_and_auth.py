@@ -80,6 +80,23 @@ def test_out_of_range_parameters_are_a_400_naming_the_parameter_in_openais_shape
     assert error["param"] == param and error["type"] == "invalid_request_error" and param in error["message"]
 
 
+def test_an_oversized_body_is_413_before_it_is_read():
+    from fastapi.testclient import TestClient
+
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
+
+    client = TestClient(create_app(GatewaySettings(_env_file=None, max_body_bytes=4096)))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+    reply = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer lpx_x"})
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
+    deep = "[" * 100_000 + "]" * 100_000  # nesting deeper than the JSON parser recurses: 400, not 500
+    client = TestClient(create_app(GatewaySettings(_env_file=None)))
+    reply = client.post("/v1/completions", content=deep, headers={"Authorization": "Bearer lpx_x",
+                                                                    "Content-Type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_sampling_keeps_what_was_asked():
     ok = CompletionRequest(model="m", prompt="x", stop="a long stop string", max_tokens=7).sampling(16)
     assert ok.stop == ["a long stop string"] and ok.max_tokens == 7 and ok.temperature == 0.0
