@@ -50,7 +50,6 @@ class _Pool:
     order: dict[str, deque[str]] = field(default_factory=lambda: defaultdict(deque))
     deficit: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     granted: int = 0  # places given and not yet visible in the load signal (dispatch under way)
-    grants: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # tenant -> places after a wait
 
 
 class FairQueue:
@@ -106,7 +105,6 @@ class FairQueue:
                 self._forget(state, tier, tenant, waiter)
             raise
         self.on_wait(tenant, tier, time.monotonic() - waiter.since)
-        state.grants[tenant] += 1
         return True
 
     def dispatched(self, pool: str) -> None:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from libs.contracts import TenantLimits
+from libs.contracts import MAX_LIMIT_RPS, TenantLimits
 from services.gateway.errors import GatewayError
 
 WINDOW_S = 60.0
@@ -54,6 +54,7 @@ class _TenantState:
     charges: deque[_Charge] = field(default_factory=deque)
     remote: dict[str, _Remote] = field(default_factory=dict)  # other gateway -> its in-flight requests
     bucket_known: bool = True  # false: only other replicas' admissions are charged so far (from a full bucket)
+    rps: float | None = None  # the requests-per-second limit at the last admission here (None: none)
 
     def remote_in_flight(self, now: float, stale_s: float) -> int:
         for gateway in [g for g, r in self.remote.items() if now - r.at > stale_s]:
@@ -127,6 +128,7 @@ class TenantLimiter:
         state = self._tenants.setdefault(tenant, _TenantState(bucket=burst, refilled_at=now))
         if not state.bucket_known:
             state.bucket, state.bucket_known = burst + state.bucket, True
+        state.rps = lim.rps
         if lim.concurrency is not None and state.in_flight + state.remote_in_flight(now, self.remote_stale_s) >= (
             lim.concurrency
         ):
@@ -196,7 +198,11 @@ class TenantLimiter:
         now = self._clock()
         # First heard of here: the bucket starts full at this replica's first admission, less this.
         state = self._tenants.setdefault(tenant, _TenantState(bucket=0.0, refilled_at=now, bucket_known=False))
-        state.bucket -= requests
+        if state.rps is not None or not state.bucket_known:
+            # Debt of at most one second's worth: what several replicas can overshoot together, never
+            # a backlog that would refuse the tenant long after (nor one built while it had no limit).
+            floor = -max(1.0, state.rps or 1.0) if state.bucket_known else -MAX_LIMIT_RPS
+            state.bucket = max(floor, state.bucket - requests)
         if tokens:
             state.charges.append(_Charge(now, tokens))
         state.remote[gateway] = _Remote(in_flight, now)

@@ -211,8 +211,9 @@ class SubmissionConsumer:
                 tenant = prepared.tenant
                 if not exc.retryable:
                     raise
-                if self.waiting_for_limits[tenant] >= g.settings.submit_tenant_queue:
-                    raise GatewayError(429, f"{exc.message} {self.waiting_for_limits[tenant]} submissions of "
+                waiting = self.waiting_for_limits.get(tenant, 0)
+                if waiting >= g.settings.submit_tenant_queue:
+                    raise GatewayError(429, f"{exc.message} {waiting} submissions of "
                                             f"tenant {tenant!r} already wait for its limits at this gateway; "
                                             "this one was refused", "rate_limit_exceeded") from None  # fmt: skip
                 left = deadline - time.time()

@@ -224,3 +224,16 @@ def test_a_request_that_can_never_fit_is_not_worth_waiting_for():
     with pytest.raises(RateLimited) as caught:
         lim.admit("t", TenantLimits(rps=1), 5)
     assert caught.value.retryable is True and caught.value.retry_after_s == pytest.approx(1.0)
+
+
+def test_other_replicas_admissions_build_no_debt_beyond_a_second_nor_while_there_was_no_limit():
+    (a, b), clock = replicas(2)
+    a.admit("t", TenantLimits(), 10)  # no rps limit here: others' admissions are not counted against one
+    for _ in range(50):
+        a.charge_remote("gw-1", "t", 100, 0, 0)
+    a.admit("t", TenantLimits(rps=2), 10)  # a limit arrives: the tenant starts from a full bucket
+    for _ in range(50):
+        a.charge_remote("gw-1", "t", 100, 0, 0)  # 5,000 admitted elsewhere in an instant
+    refused(a, "t", TenantLimits(rps=2))
+    clock.now += 1.5  # one second's worth of debt at most: refilled within about 1.5 s
+    a.admit("t", TenantLimits(rps=2), 10)
