@@ -243,10 +243,10 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        return errors.bad_request(f"invalid request: {'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
-                                  loc[0] if loc else None).response()  # fmt: skip
+        from services.gateway.openai_api import describe_invalid
+
+        message, param = describe_invalid(exc.errors()[0] if exc.errors() else {})
+        return errors.bad_request(message, param).response()
 
     @app.get("/healthz")
     async def healthz() -> dict:

@@ -47,29 +47,48 @@ Text = Annotated[str, Field(max_length=MAX_TEXT)]
 StopText = Annotated[str, Field(max_length=1_000)]
 
 
+# Honour or refuse, never ignore: a parameter OpenAI documents that loraplex does not implement is
+# accepted only at its "off" value and refused with 400 naming it otherwise; an unknown one is refused.
+UNSUPPORTED = {
+    "logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "functions", "function_call",
+    "frequency_penalty", "presence_penalty", "logit_bias", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options", "best_of", "echo", "suffix",
+}  # fmt: skip
+NOT_SUPPORTED = "not supported by this server (refused with 400, never ignored)"
+Off = Annotated[None, Field(description=NOT_SUPPORTED)]
+Zero = Annotated[float | None, Field(None, ge=0, le=0, description=f"0 only; {NOT_SUPPORTED}")]
+Empty = Annotated[dict | list | None, Field(None, max_length=0, description=f"empty only; {NOT_SUPPORTED}")]
+
+
 class _ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str = Field(max_length=MAX_TEXT)
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "developer"]
     content: Text | Annotated[list[_ContentPart], Field(max_length=MAX_PARTS)]
+    name: str | None = Field(None, max_length=256, description="accepted, not used")
 
     def to_contract(self) -> ChatMessage:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
         return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
 
 
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1, max_length=256, description="an adapter alias of your tenant or a base model")
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -80,6 +99,12 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
     user: str | None = Field(None, max_length=256, description="accepted for OpenAI compatibility, not used")
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    store: bool | None = Field(None, description="accepted, nothing is stored")
+    service_tier: str | None = Field(None, max_length=32, description="accepted, not used")
+    frequency_penalty: Zero = None
+    presence_penalty: Zero = None
+    logit_bias: Empty = None
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         if self.n not in (None, 1):
@@ -99,24 +124,50 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
         {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
          "stream_options": {"include_usage": True}},
     ]})  # fmt: skip
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_PARTS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    logprobs: Literal[False] | None = Field(None, description=f"false only; {NOT_SUPPORTED}")
+    top_logprobs: Literal[0] | None = Field(None, description=f"0 only; {NOT_SUPPORTED}")
+    response_format: TextFormat | None = Field(None, description=f'{{"type": "text"}} only; {NOT_SUPPORTED}')
+    tools: Empty = None
+    tool_choice: Literal["none"] | None = Field(None, description=f'"none" only; {NOT_SUPPORTED}')
+    parallel_tool_calls: bool | None = Field(None, description="accepted (no tools are called)")
+    functions: Empty = None
+    function_call: Literal["none"] | None = Field(None, description=f'"none" only; {NOT_SUPPORTED}')
+    modalities: list[Literal["text"]] | None = Field(None, max_length=1, description="text only")
+    audio: Off = None
+    prediction: Off = None
+    reasoning_effort: Off = None
+    web_search_options: Off = None
 
 
 class CompletionRequest(_Common):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8},
     ]})  # fmt: skip
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
         description="one prompt (a list of exactly one is accepted)"
     )
-    echo: Literal[False] = Field(False, description="not supported (true is refused with 400)")
-    suffix: Literal[""] | None = Field(None, description="not supported (a suffix is refused with 400)")
+    echo: Literal[False] = Field(False, description=f"false only; {NOT_SUPPORTED}")
+    suffix: Literal[""] | None = Field(None, description=f"empty only; {NOT_SUPPORTED}")
+    logprobs: Literal[0] | None = Field(None, description=f"0 only; {NOT_SUPPORTED}")
+    best_of: Literal[1] | None = Field(None, description=f"1 only; {NOT_SUPPORTED}")
+
+
+def describe_invalid(error: dict) -> tuple[str, str | None]:
+    """(message, param) of a request validation error, in OpenAI's words where it has them."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    if error.get("type") == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {'.'.join(loc)}", param
+    if param in UNSUPPORTED and len(loc) <= 2:
+        return f"{param} is {NOT_SUPPORTED}: {error.get('msg', 'invalid')}", param
+    return f"invalid request: {'.'.join(loc) or 'body'}: {error.get('msg', 'invalid')}", param
 
 
 # --- handlers ------------------------------------------------------------------------------------

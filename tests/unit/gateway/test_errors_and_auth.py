@@ -111,3 +111,48 @@ def test_content_parts_are_joined():
 def test_error_results_carry_their_code():
     result = InferenceResult(request_id="r", worker_id="w", ok=False, error=ErrorInfo(code="deadline", message="late"))
     assert errors.from_worker(result.error.code, result.error.message).code == "deadline_exceeded"
+
+
+def _post(path: str, body: dict):
+    from fastapi.testclient import TestClient
+
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
+
+    client = TestClient(create_app(GatewaySettings(_env_file=None)))  # no lifespan: validation only
+    return client.post(path, json=body, headers={"Authorization": "Bearer lpx_x"})
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "path, extra, param, words",
+    [
+        ("/v1/chat/completions", {"temprature": 0.5}, "temprature", "Unrecognized request argument supplied"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}, "logprobs", "not supported"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", "not supported"),
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {}}]}, "tools", "not supported"),
+        ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
+        ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
+        ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages", "role"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+        ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "not supported"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
+    ],
+)
+def test_a_parameter_that_would_change_the_answer_is_refused_naming_it_never_ignored(path, extra, param, words):
+    body = {**({"model": "m"} if path == "/v1/completions" else CHAT), **extra}
+    reply = _post(path, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_parameters_at_their_off_value_or_harmless_ones_are_accepted():
+    body = {**CHAT, "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "none", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+            "user": "u-1", "metadata": {"team": "a"}, "store": False, "service_tier": "auto", "n": 1,
+            "messages": [{"role": "user", "content": "hi", "name": "ann"}]}  # fmt: skip
+    assert _post("/v1/chat/completions", body).status_code == 401  # past validation: the key is checked next
+    assert _post("/v1/completions", {"model": "m", "prompt": "x", "logprobs": 0, "best_of": 1}).status_code == 401
