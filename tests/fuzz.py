@@ -47,7 +47,8 @@ def fuzz(openapi_url: str, headers: dict[str, str], report_dir: Path, *, seed: i
                "--no-color", *(extra or [])]  # fmt: skip
     for name, value in headers.items():
         command += ["-H", f"{name}: {value}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=max_time_s * 4 + 60)
+    # In the report folder: schemathesis keeps a cache of crashes in `.schemathesis/` of its working folder.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=max_time_s * 4 + 60, cwd=report_dir)
     output = done.stdout + done.stderr
     return FuzzRun(seed, done.returncode, _cases(ndjson, output), _failures(output), output)
 
