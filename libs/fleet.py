@@ -74,7 +74,8 @@ class Fleet:
         self.gateways[gateway_id] = (self._spawn("services.gateway", env, gateway_id), url)
         return url
 
-    def start_worker(self, worker_id: str) -> None:
+    def start_worker(self, worker_id: str, extra: dict[str, str] | None = None) -> None:
+        """A simulated worker process; `extra` adds or overrides its settings (LPX_WORKER_...)."""
         s = self.spec
         env = {"LPX_WORKER_WORKER_ID": worker_id, "LPX_WORKER_POOL": s.pool, "LPX_WORKER_BASE_MODEL": s.base_model,
                "LPX_WORKER_ENGINE": "sim", "LPX_WORKER_SIM_DECODE_TOK_S": str(s.decode_tok_s),
@@ -84,6 +85,7 @@ class Fleet:
                "LPX_WORKER_DISK_CACHE_DIR": str(self.state / f"cache-{worker_id}"),
                "LPX_WORKER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
                "LPX_WORKER_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s), "LPX_WORKER_LOG_LEVEL": s.log_level}  # fmt: skip
+        env.update(extra or {})
         self.workers[worker_id] = self._spawn("services.worker", env, worker_id)
 
     def up(self, gateways: int, workers: int) -> list[str]:

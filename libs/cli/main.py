@@ -13,6 +13,7 @@ from libs.cli import (
     demo,
     eval_cmds,
     fleet_cmds,
+    fleetview_cmds,
     model,
     plan,
     registry_cmds,
@@ -41,6 +42,7 @@ for module in (
     dataset_cmds,
     train_cmds,
     fleet_cmds,
+    fleetview_cmds,
 ):
     module.register(app)
 

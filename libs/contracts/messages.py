@@ -12,13 +12,17 @@ import uuid
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "SCHEMA_VERSION",
     "Message",
     "AdapterRef",
     "SamplingParams",
+    "StructuredOutput",
+    "MAX_LOGPROBS",
+    "TopLogprob",
+    "TokenLogprob",
     "ChatMessage",
     "InferenceRequest",
     "TokenDelta",
@@ -83,6 +87,40 @@ class AdapterRef(BaseModel):
     size_bytes: int = Field(ge=0, default=0)
 
 
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's chat top_logprobs goes to 20 too
+
+
+class StructuredOutput(BaseModel):
+    """Constrained decoding (vLLM's structured outputs): JSON of any shape, or JSON valid against a schema."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: dict | None = Field(None, description="the JSON Schema, for kind json_schema")
+
+    @model_validator(mode="after")
+    def _schema_is_valid(self) -> StructuredOutput:
+        if self.kind == "json_object":
+            if self.json_schema is not None:
+                raise ValueError("json_object takes no schema")
+            return self
+        if self.json_schema is None:
+            raise ValueError("json_schema needs a schema")
+        check_json_schema(self.json_schema)
+        return self
+
+
+def check_json_schema(schema: dict) -> None:
+    """ValueError naming what is wrong when `schema` is not a valid JSON Schema (draft 2020-12)."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the schema's top level"
+        raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -91,6 +129,27 @@ class SamplingParams(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, max_length=8)
     seed: int | None = None
+    # Log-probabilities of the generated tokens, each with this many alternatives (vLLM's `logprobs`:
+    # the sampled token first, then the most likely ones); None: none are computed.
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    structured: StructuredOutput | None = None
+
+
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """One generated token: its text, log-probability and the engine's alternatives in its order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = Field(default_factory=list)
 
 
 class ChatMessage(BaseModel):
@@ -122,6 +181,7 @@ class TokenDelta(Message):
     request_id: str
     index: int
     text: str
+    logprobs: list[TokenLogprob] | None = None  # the delta's tokens, when the request asked for logprobs
 
 
 class Timings(BaseModel):
@@ -169,6 +229,7 @@ class InferenceResult(Message):
     completion_tokens: int = 0
     adapter_digest_applied: str | None = None
     adapter_tier: AdapterTier = AdapterTier.NONE
+    logprobs: list[TokenLogprob] | None = None  # every generated token, when the request asked for them
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
     # Who asked and for what (copied from the request by the worker): usage metering counts from these.
@@ -188,6 +249,15 @@ class WorkerHeartbeat(Message):
     instance: str = ""  # one per worker process: tells a restart of this worker from another with its id
     adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
     ts: float = Field(default_factory=time.time)
+    # For `lpx top` and `lpx adapter where` (0 / empty: a worker from before these fields).
+    max_loras: int = 0  # engine adapter slots: the most adapters in the GPU tier at once
+    max_cpu_loras: int = 0  # adapters the engine keeps in host RAM (the CPU tier)
+    generated_tokens: int = 0  # completion tokens since this instance started (tok/s: delta between beats)
+    tier_hits: dict[AdapterTier, int] = Field(default_factory=dict)  # requests per tier their adapter was found at
+    # The worker's hottest adapters now -> requests for each since the worker started (rates: delta between beats).
+    adapter_requests: dict[str, int] = Field(default_factory=dict)
+    # Resident digest -> unix time it entered its current tier (as seen by this worker's beats: +/- one interval).
+    adapter_since: dict[str, float] = Field(default_factory=dict)
 
 
 class WorkerLoad(Message):

@@ -8,6 +8,8 @@ from libs.engine.base import (
     GenerationChunk,
     GenerationRequest,
     InferenceEngine,
+    RequestRejected,
+    TokenLogprobs,
     lora_int_id,
 )
 
@@ -17,6 +19,8 @@ __all__ = [
     "GenerationChunk",
     "GenerationRequest",
     "InferenceEngine",
+    "RequestRejected",
+    "TokenLogprobs",
     "lora_int_id",
     "create_engine",
 ]

@@ -39,6 +39,9 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
     seed: int = 0
+    # JSON from response_format without free whitespace between tokens (vLLM's disable_any_whitespace):
+    # with it allowed, an adapter fond of newlines can pad an answer with them up to max_tokens.
+    compact_json: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,23 @@ class GenerationRequest:
     seed: int | None = None
     adapter: AdapterSpec | None = None
     trace_headers: dict[str, str] | None = None
+    logprobs: int | None = None  # alternatives per generated token; None: no logprobs
+    # Constrained decoding: {"json": <schema>} or {"json_object": True} (vLLM's StructuredOutputsParams).
+    structured: dict | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One generated token's text and log-probability, with the engine's alternatives in its order
+    (vLLM: the sampled token first, then the most likely others)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+class RequestRejected(ValueError):
+    """The engine refused the request itself (a parameter it cannot honour): the caller's fault, a 400."""
 
 
 @dataclass
@@ -77,6 +97,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[TokenLogprobs] | None = None  # one per token of token_ids, when asked for
 
 
 class InferenceEngine(Protocol):

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
-from libs.engine.base import EngineConfig, GenerationChunk, GenerationRequest
+from libs.engine.base import EngineConfig, GenerationChunk, GenerationRequest, RequestRejected, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class VllmEngine:
             seed=c.seed,
             disable_log_stats=True,
         )
+        if c.compact_json:
+            from vllm.config import StructuredOutputsConfig
+
+            compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+            kwargs["structured_outputs_config"] = compact
         if c.enable_lora:
             kwargs.update(enable_lora=True, max_loras=c.max_loras, max_cpu_loras=c.max_cpu_loras,
                           max_lora_rank=c.max_lora_rank)  # fmt: skip
@@ -87,19 +92,33 @@ class VllmEngine:
 
         if self._engine is None:
             raise RuntimeError("engine not started")
-        params = SamplingParams(
-            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
-            stop=request.stop or None, seed=request.seed, output_kind=RequestOutputKind.DELTA,
-        )  # fmt: skip
+        try:
+            params = SamplingParams(
+                max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+                stop=request.stop or None, seed=request.seed, output_kind=RequestOutputKind.DELTA,
+                logprobs=request.logprobs, structured_outputs=_structured_outputs(request.structured),
+            )  # fmt: skip
+        except ValueError as exc:
+            raise RequestRejected(f"the engine refused the sampling parameters: {exc}") from None
         lora = None
         if request.adapter is not None:
             lora = self._lora_request(request.adapter, LoRARequest)
-        completion_tokens = 0
+        completion_tokens, started = 0, False
         async with self._exclusive.shared():
-            async for out in self._engine.generate(
-                self.render_prompt(request), params, request.request_id, lora_request=lora,
-                trace_headers=request.trace_headers,
-            ):  # fmt: skip
+            stream = self._engine.generate(self.render_prompt(request), params, request.request_id, lora_request=lora,
+                                           trace_headers=request.trace_headers)  # fmt: skip
+            while True:
+                try:
+                    out = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except ValueError as exc:
+                    if started:
+                        raise
+                    # vLLM validates a request (a schema its grammar backend cannot compile, too many
+                    # logprobs) as it is added: the request's fault, not the engine's.
+                    raise RequestRejected(str(exc)) from None
+                started = True
                 piece = out.outputs[0]
                 completion_tokens += len(piece.token_ids)
                 yield GenerationChunk(
@@ -109,7 +128,26 @@ class VllmEngine:
                     finish_reason=piece.finish_reason,
                     prompt_tokens=len(out.prompt_token_ids or []),
                     completion_tokens=completion_tokens,
+                    logprobs=self._token_logprobs(piece),
                 )
+
+    def _token_logprobs(self, piece) -> list[TokenLogprobs] | None:
+        """vLLM's per-token logprob dicts as (token, logprob, alternatives), the way `vllm serve` reads
+        them: decoded text as the engine detokenized it, -inf clamped to OpenAI's -9999."""
+        if piece.logprobs is None:
+            return None
+        out = []
+        for token_id, step in zip(piece.token_ids, piece.logprobs, strict=False):
+            chosen = (step or {}).get(token_id)
+            top = tuple((self._decoded(tid, lp), _clamp(lp.logprob)) for tid, lp in (step or {}).items())
+            logprob = _clamp(chosen.logprob) if chosen is not None else -9999.0
+            out.append(TokenLogprobs(self._decoded(token_id, chosen), logprob, top))
+        return out
+
+    def _decoded(self, token_id: int, logprob) -> str:
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        return self._tokenizer.decode([token_id])
 
     def _lora_request(self, adapter, lora_request_cls):
         lora_id = adapter.lora_id
@@ -165,6 +203,18 @@ class VllmEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def _structured_outputs(structured: dict | None):
+    if not structured:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(**structured)
+
+
+def _clamp(logprob: float) -> float:
+    return max(float(logprob), -9999.0)
 
 
 class _ExclusiveGate:

@@ -424,6 +424,11 @@ class Dispatcher:
             return False
         self._answered.add(result.request_id)
         job.received_at = time.time()
+        # Counted here, once per request id, so that HTTP and async submissions, streamed or not, are
+        # counted alike (a re-routed request's later result was dropped above).
+        tenant = {"tenant": job.request.tenant_id}
+        self.metrics.tokens.add(result.prompt_tokens, {**tenant, "kind": "prompt"})
+        self.metrics.tokens.add(result.completion_tokens, {**tenant, "kind": "completion"})
         if self.overload is not None and result.ok:
             self.overload.observe(job.pool, result.timings.total_s)
         self._release(job)
@@ -469,10 +474,10 @@ class Dispatcher:
             raise
         return check_result(job, result, self.metrics)
 
-    async def events(self, job: Job, deadline: float) -> AsyncIterator[str | InferenceResult]:
-        """Streaming: text deltas in order, then the checked final result (its text not yet sent is
-        delivered as one last delta). Raises GatewayError like `wait`."""
-        sent = ""
+    async def events(self, job: Job, deadline: float) -> AsyncIterator[TokenDelta | InferenceResult]:
+        """Streaming: deltas in order (text, and token logprobs when asked for), then the checked final
+        result (what of it was not yet sent comes as one last delta). Raises GatewayError like `wait`."""
+        sent, sent_logprobs = "", 0
         queue = job.deltas
         assert queue is not None, "events() needs a job submitted with stream=True"
         try:
@@ -487,23 +492,24 @@ class Dispatcher:
                 if getter in done:
                     delta = getter.result()
                     if not job.rerouted:
-                        sent += delta.text
-                        yield delta.text
+                        sent, sent_logprobs = sent + delta.text, sent_logprobs + len(delta.logprobs or ())
+                        yield delta
                 else:
                     getter.cancel()
             while not queue.empty() and not job.rerouted:
                 delta = queue.get_nowait()
-                sent += delta.text
-                yield delta.text
+                sent, sent_logprobs = sent + delta.text, sent_logprobs + len(delta.logprobs or ())
+                yield delta
             result = check_result(job, job.future.result(), self.metrics)
         except BaseException:
             if not job.future.done():
                 self.abandon(job)
             raise
         if result.text.startswith(sent):
-            rest = result.text[len(sent):]
-            if rest:
-                yield rest
+            rest = result.text[len(sent) :]
+            rest_logprobs = result.logprobs[sent_logprobs:] if result.logprobs is not None else None
+            if rest or rest_logprobs:
+                yield TokenDelta(request_id=result.request_id, index=-1, text=rest, logprobs=rest_logprobs)
         else:  # text already streamed differs from the final answer (a re-route with sampling)
             raise GatewayError(502, "the request was re-routed after a worker failure and the new answer "
                                     "differs from the part already streamed", "stream_diverged")  # fmt: skip

@@ -12,6 +12,7 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 @dataclass
 class GatewayMetrics:
     requests: Counter  # tenant, endpoint, status
+    tokens: Counter  # tenant, kind (prompt / completion): what each tenant's answers used
     latency_s: Histogram  # tenant, endpoint
     ttft_s: Histogram  # tenant, endpoint
     routing: Counter  # pool, affinity_hit, spilled
@@ -39,6 +40,7 @@ class GatewayMetrics:
         return cls(
             meter=meter,
             requests=meter.create_counter("lpx_gateway_requests", description="requests by tenant and status"),
+            tokens=meter.create_counter("lpx_gateway_tokens", description="tokens of answered requests, by tenant"),
             latency_s=histogram("lpx_gateway_request_latency", "end-to-end latency seen by the gateway"),
             ttft_s=histogram("lpx_gateway_ttft", "time to first token (streaming requests)"),
             routing=meter.create_counter("lpx_gateway_routing_decisions", description="affinity hits and spills"),

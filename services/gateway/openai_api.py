@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -17,9 +18,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from libs.contracts import ChatMessage, InferenceResult, SamplingParams, new_id
+from libs.contracts import (
+    MAX_LOGPROBS,
+    ChatMessage,
+    InferenceResult,
+    SamplingParams,
+    StructuredOutput,
+    TokenLogprob,
+    new_id,
+)
 from libs.telemetry import extract_context
-from services.gateway import errors, timeline
+from services.gateway import errors, logprobs, timeline
 from services.gateway.auth import bearer_key
 from services.gateway.errors import GatewayError
 from services.gateway.limits import Ticket, estimate_tokens
@@ -50,9 +59,8 @@ StopText = Annotated[str, Field(max_length=1_000)]
 # Honour or refuse, never ignore: a parameter OpenAI documents that loraplex does not implement is
 # accepted only at its "off" value and refused with 400 naming it otherwise; an unknown one is refused.
 UNSUPPORTED = {
-    "logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "functions", "function_call",
-    "frequency_penalty", "presence_penalty", "logit_bias", "modalities", "audio", "prediction",
-    "reasoning_effort", "web_search_options", "best_of", "echo", "suffix",
+    "tools", "tool_choice", "functions", "function_call", "frequency_penalty", "presence_penalty", "logit_bias",
+    "modalities", "audio", "prediction", "reasoning_effort", "web_search_options", "best_of", "echo", "suffix",
 }  # fmt: skip
 NOT_SUPPORTED = "not supported by this server (refused with 400, never ignored)"
 Off = Annotated[None, Field(description=NOT_SUPPORTED)]
@@ -82,6 +90,35 @@ class TextFormat(BaseModel):
     type: Literal["text"]
 
 
+class JsonObjectFormat(BaseModel):
+    """Any JSON object: decoding is constrained by vLLM's structured outputs, not asked for politely."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(None, max_length=MAX_TEXT)
+    schema_: dict | None = Field(
+        None, alias="schema", description="a JSON Schema (draft 2020-12; an invalid one is refused with 400); "
+        "absent: any JSON object",
+    )  # fmt: skip
+    strict: bool | None = Field(None, description="accepted; decoding always follows the schema")
+
+
+class JsonSchemaFormat(BaseModel):
+    """JSON valid against `json_schema.schema`: decoding is constrained to it (vLLM structured outputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
@@ -106,11 +143,23 @@ class _Common(BaseModel):
     presence_penalty: Zero = None
     logit_bias: Empty = None
 
+    def alternatives(self) -> int | None:
+        """How many alternatives per generated token the caller wants with logprobs; None: no logprobs."""
+        return None
+
+    def structured(self) -> StructuredOutput | None:
+        return None
+
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         if self.n not in (None, 1):
             raise errors.bad_request("only n=1 is supported", "n")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        values = {"max_tokens": self.max_tokens or default_max_tokens, "stop": stop, "seed": self.seed}
+        max_tokens = self.max_tokens or default_max_tokens
+        alternatives = self.alternatives()
+        if alternatives is not None and (why := logprobs.check_budget(max_tokens, alternatives)):
+            raise errors.bad_request(why, "max_tokens")
+        values = {"max_tokens": max_tokens, "stop": stop, "seed": self.seed, "logprobs": alternatives,
+                  "structured": self.structured()}  # fmt: skip
         if self.temperature is not None:
             values["temperature"] = self.temperature
         if self.top_p is not None:
@@ -131,9 +180,11 @@ class ChatCompletionRequest(_Common):
     ]})  # fmt: skip
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_PARTS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    logprobs: Literal[False] | None = Field(None, description=f"false only; {NOT_SUPPORTED}")
-    top_logprobs: Literal[0] | None = Field(None, description=f"0 only; {NOT_SUPPORTED}")
-    response_format: TextFormat | None = Field(None, description=f'{{"type": "text"}} only; {NOT_SUPPORTED}')
+    logprobs: bool | None = Field(None, description="log-probabilities of the generated tokens")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token (needs logprobs)")
+    response_format: ResponseFormat | None = Field(
+        None, description="text (default), json_object or json_schema: structured outputs with the adapter applied"
+    )
     tools: Empty = None
     tool_choice: Literal["none"] | None = Field(None, description=f'"none" only; {NOT_SUPPORTED}')
     parallel_tool_calls: bool | None = Field(None, description="accepted (no tools are called)")
@@ -145,6 +196,23 @@ class ChatCompletionRequest(_Common):
     reasoning_effort: Off = None
     web_search_options: Off = None
 
+    def alternatives(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise errors.bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def structured(self) -> StructuredOutput | None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object" or fmt.json_schema.schema_ is None:
+            return StructuredOutput(kind="json_object")
+        try:
+            return StructuredOutput(kind="json_schema", json_schema=fmt.json_schema.schema_)
+        except ValidationError as exc:
+            reason = str(exc.errors()[0].get("ctx", {}).get("error") or exc.errors()[0].get("msg"))
+            raise errors.bad_request(f"response_format.json_schema.schema: {reason}", "response_format") from None
+
 
 class CompletionRequest(_Common):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -155,8 +223,12 @@ class CompletionRequest(_Common):
     )
     echo: Literal[False] = Field(False, description=f"false only; {NOT_SUPPORTED}")
     suffix: Literal[""] | None = Field(None, description=f"empty only; {NOT_SUPPORTED}")
-    logprobs: Literal[0] | None = Field(None, description=f"0 only; {NOT_SUPPORTED}")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="log-probabilities with this many "
+                                 "alternatives per token (+1, as OpenAI counts)")  # fmt: skip
     best_of: Literal[1] | None = Field(None, description=f"1 only; {NOT_SUPPORTED}")
+
+    def alternatives(self) -> int | None:
+        return self.logprobs
 
 
 def describe_invalid(error: dict) -> tuple[str, str | None]:
@@ -206,12 +278,13 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
     with gw.tracer.start_as_current_span(f"POST /v1/{endpoint.replace('.', '/')}", kind=trace.SpanKind.SERVER,
                                          context=extract_context(dict(request.headers))) as span:  # fmt: skip
         try:
+            # Bad input is answered first, like the schema's own checks that run before any handler.
+            sampling = body.sampling(default_max_tokens=128 if kind == "chat" else 16)
             key, tenant = bearer_key(authorization)
             attrs["tenant"] = tenant
             span.set_attribute("lpx.tenant", tenant)
             span.set_attribute("lpx.model", body.model)
             prepared = await gw.prepare(key, body.model)
-            sampling = body.sampling(default_max_tokens=128 if kind == "chat" else 16)
             prompt_chars = gw.check_prompt(prompt, messages)
             ticket = gw.limiter.admit(tenant, prepared.limits, estimate_tokens(prompt_chars, sampling.max_tokens))
             rid = new_id()
@@ -223,7 +296,8 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
                                         sampling=sampling, deadline=deadline, stream=body.stream)  # fmt: skip
                 if body.stream:
                     usage = bool(body.stream_options and body.stream_options.include_usage)
-                    gen = _sse(gw, job, deadline, kind, body.model, rid, (started, accepted_at), attrs, usage, ticket)
+                    gen = _sse(gw, job, deadline, _Reply(kind, rid, body.model, sampling.logprobs),
+                               (started, accepted_at), attrs, usage, ticket)  # fmt: skip
                     streaming = True  # the stream releases the ticket when it ends
                     return StreamingResponse(gen, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
@@ -239,7 +313,7 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
         _record(gw, attrs, 200, started)
         _record_timeline(gw, job, result, accepted_at)
         span.set_attribute("lpx.worker", result.worker_id)
-        return JSONResponse(_completion_body(kind, rid, body.model, result),
+        return JSONResponse(_completion_body(_Reply(kind, rid, body.model, sampling.logprobs), result),
                             headers={"X-Request-Id": rid, "X-Lpx-Worker": result.worker_id})  # fmt: skip
 
 
@@ -261,59 +335,78 @@ def _usage(result: InferenceResult) -> dict:
             "total_tokens": result.prompt_tokens + result.completion_tokens}  # fmt: skip
 
 
-def _completion_body(kind: str, rid: str, model: str, result: InferenceResult) -> dict:
-    finish = result.finish_reason or "stop"
-    if kind == "chat":
-        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
+@dataclass(frozen=True)
+class _Reply:
+    """What every body or chunk of one answer repeats."""
+
+    kind: str  # chat | completion
+    rid: str
+    model: str
+    alternatives: int | None  # logprobs asked for with this many alternatives; None: no logprobs
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def logprobs(self, tokens: list[TokenLogprob] | None, text_offset: int = 0) -> dict | None:
+        if self.alternatives is None or tokens is None:
+            return None
+        if self.kind == "chat":
+            return logprobs.chat(tokens, self.alternatives)
+        return logprobs.completion(tokens, self.alternatives, text_offset)
+
+
+def _completion_body(reply: _Reply, result: InferenceResult) -> dict:
+    finish, rid, model, created = result.finish_reason or "stop", reply.rid, reply.model, reply.created
+    lps = reply.logprobs(result.logprobs)
+    if reply.kind == "chat":
+        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": None, "finish_reason": finish}],
+                             "logprobs": lps, "finish_reason": finish}],
                 "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}],
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": result.text, "logprobs": lps, "finish_reason": finish}],
             "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
 
 
-def _chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
-           first: bool = False) -> dict:  # fmt: skip
-    if kind == "chat":
+def _chunk(reply: _Reply, text: str | None, finish: str | None, first: bool = False, lps: dict | None = None) -> dict:
+    rid, model, created = reply.rid, reply.model, reply.created
+    if reply.kind == "chat":
         delta: dict = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
         return {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}  # fmt: skip
+                "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}]}  # fmt: skip
     return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}  # fmt: skip
+            "choices": [{"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}]}  # fmt: skip
 
 
 def _data(doc: dict) -> str:
     return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
 
 
-async def _sse(gw, job, deadline: float, kind: str, model: str, rid: str, clocks: tuple[float, float], attrs: dict,
+async def _sse(gw, job, deadline: float, reply: _Reply, clocks: tuple[float, float], attrs: dict,
                include_usage: bool = False, ticket: Ticket | None = None) -> AsyncIterator[str]:  # fmt: skip
     started, accepted_at = clocks
-    created = int(time.time())
-    first, got_text, final = True, False, None
+    first, got_text, final, streamed = True, False, None, 0
     status = 200
     try:
-        if kind == "chat":
-            yield _data(_chunk(kind, rid, model, created, "", None, first=True))
+        if reply.kind == "chat":
+            yield _data(_chunk(reply, "", None, first=True))
             first = False
         async for event in gw.dispatcher.events(job, deadline):
             if isinstance(event, InferenceResult):
                 final = event
-                yield _data(_chunk(kind, rid, model, created, None, event.finish_reason or "stop"))
+                yield _data(_chunk(reply, None, event.finish_reason or "stop"))
                 if include_usage:  # OpenAI's stream_options.include_usage: one last chunk with no choices
-                    last = _chunk(kind, rid, model, created, None, None)
+                    last = _chunk(reply, None, None)
                     last["choices"], last["usage"] = [], _usage(event)
                     yield _data(last)
                 break
             if not got_text:
                 gw.metrics.ttft_s.record(time.perf_counter() - started, attrs)
                 got_text = True
-            yield _data(_chunk(kind, rid, model, created, event, None, first=first))
+            yield _data(_chunk(reply, event.text, None, first=first, lps=reply.logprobs(event.logprobs, streamed)))
+            streamed += len(event.text)
             first = False
         yield "data: [DONE]\n\n"
         if final is not None:

@@ -32,10 +32,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the `top_logprobs` most likely tokens at this place")
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = Field(None, description="with `logprobs: true`")
     finish_reason: str | None
 
 
@@ -49,10 +63,17 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = Field(description="the digest of the adapter that answered (null: base model)")
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] = Field(description="`logprobs` + 1 alternatives per token")
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = Field(None, description="with `logprobs: k`")
     finish_reason: str | None
 
 

@@ -37,7 +37,7 @@ from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta
 from libs.contracts.parsing import first_error, request_id_of
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
-from services.gateway import errors
+from services.gateway import errors, logprobs
 from services.gateway.dispatch import check_applied
 from services.gateway.errors import GatewayError
 from services.gateway.limits import RateLimited, estimate_tokens
@@ -174,7 +174,10 @@ class SubmissionConsumer:
         deadline = submit.submitted_at + timeout
         prepared = await g.prepare(submit.api_key, submit.model)
         prompt_chars = g.check_prompt(submit.prompt, submit.messages)
-        estimate = estimate_tokens(prompt_chars, submit.sampling.max_tokens)
+        sampling = submit.sampling
+        if sampling.logprobs is not None and (why := logprobs.check_budget(sampling.max_tokens, sampling.logprobs)):
+            raise errors.bad_request(why, "sampling.max_tokens")
+        estimate = estimate_tokens(prompt_chars, sampling.max_tokens)
         prepared, ticket = await self._admit(submit, prepared, estimate, deadline)
         result = None
         try:
@@ -194,7 +197,7 @@ class SubmissionConsumer:
         async for event in g.dispatcher.events(job, deadline):
             if isinstance(event, InferenceResult):
                 return event
-            delta = TokenDelta(request_id=submit.request_id, index=index, text=event)
+            delta = TokenDelta(request_id=submit.request_id, index=index, text=event.text, logprobs=event.logprobs)
             await g.nc.publish(subjects.tokens(submit.request_id), delta.model_dump_json().encode())
             index += 1
         raise GatewayError(502, "the stream ended without a result", "engine_error")

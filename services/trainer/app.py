@@ -37,18 +37,18 @@ from libs.messaging import (
 )
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
-from services.trainer.metrics import TrainerMetrics
+from services.trainer.metrics import TrainerMetrics, register_queue_gauge
 from services.trainer.registry_client import RegistryClient, RegistryRefused
 from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 SERVICE = "trainer"
+QUEUE_POLL_S = 5.0
 LEDGER_CONFIG = KeyValueConfig(bucket=subjects.TRAIN_LEDGER_BUCKET, history=1, description="trainer: finished jobs")
 
 
 class JobFailed(Exception):
     """The job cannot succeed as given (bad dataset, unknown base, refused push): not retried."""
-
 
 
 class Trainer:
@@ -60,8 +60,11 @@ class Trainer:
         self.registry = RegistryClient(settings.registry_url, settings.admin_secret(), settings.registry_timeout_s)
         self.work_dir = settings.resolved_work_dir()
         self.finished = 0  # jobs this process finished (tests and logs)
+        self.queued = 0  # jobs waiting in the work queue, read every QUEUE_POLL_S
         self._stopping = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._queue_task: asyncio.Task | None = None
+        register_queue_gauge(self.telemetry.meter(), self)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -77,7 +80,9 @@ class Trainer:
         self.sub = await self.js.pull_subscribe(subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM,
                                                 config=config)  # fmt: skip
         self._loop_task = asyncio.create_task(
-            serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull")
+            serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull"
+        )
+        self._queue_task = asyncio.create_task(self._watch_queue(), name="train-queue")
         log.info("trainer ready", extra={"trainer": s.trainer_id})
 
     async def run_until(self, stop: asyncio.Event) -> None:
@@ -87,9 +92,10 @@ class Trainer:
     async def stop(self) -> None:
         """Stop pulling; a job in training is abandoned unacknowledged (it is redelivered)."""
         self._stopping.set()
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        tasks = [t for t in (self._loop_task, self._queue_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()
         await self.link.close()
@@ -97,6 +103,14 @@ class Trainer:
         self.telemetry.shutdown()
 
     # --- consuming -------------------------------------------------------------------------------
+    async def _watch_queue(self) -> None:
+        # Asked of the broker, not counted here: other trainers take jobs from the same queue.
+        while True:
+            with contextlib.suppress(Exception):
+                info = await self.sub.consumer_info()
+                self.queued = info.num_pending
+            await asyncio.sleep(QUEUE_POLL_S)
+
     async def handle(self, msg) -> None:
         try:
             job = TrainJob.model_validate_json(msg.data)
@@ -202,7 +216,6 @@ class Trainer:
                                   stream=subjects.TRAIN_PROGRESS_STREAM, timeout=5)  # fmt: skip
         except Exception:  # noqa: BLE001 - progress is informational; the job goes on
             log.warning("could not publish progress for %s", event.job_id)
-
 
 
 def _complete(directory) -> bool:

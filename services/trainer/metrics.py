@@ -24,3 +24,12 @@ class TrainerMetrics:
             steps=meter.create_counter("lpx_trainer_steps", description="optimizer steps taken"),
             loss=meter.create_histogram("lpx_trainer_final_loss", description="training loss at the last step"),
         )  # fmt: skip
+
+
+def register_queue_gauge(meter: metrics.Meter, trainer) -> None:
+    """Jobs waiting for a trainer (the work queue's backlog as this trainer last read it)."""
+
+    def queued(_options):
+        yield metrics.Observation(trainer.queued, {"trainer": trainer.settings.trainer_id})
+
+    meter.create_observable_gauge("lpx_trainer_queued", callbacks=[queued], description="jobs waiting for a trainer")

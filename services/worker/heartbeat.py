@@ -15,7 +15,7 @@ import uuid
 from nats.js.api import KeyValueConfig, StorageType
 
 from libs.broker import ConnectionState
-from libs.contracts import WorkerHeartbeat, subjects
+from libs.contracts import AdapterTier, WorkerHeartbeat, subjects
 from libs.messaging import ensure_buckets
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,30 @@ log = logging.getLogger(__name__)
 
 class WorkerIdInUse(RuntimeError):
     """Another live worker beats under this worker id: starting would take its work subject."""
+
+
+# The hottest adapters a beat names with their request counts (`lpx top` ranks the fleet's from them).
+HOT_ADAPTERS_IN_BEAT = 32
+
+
+class TierTenure:
+    """When each resident adapter entered its current tier (`WorkerHeartbeat.adapter_since`).
+
+    The tiers keep no such history, so it is read off the beats: a change of tier is dated to the first
+    beat that shows it (at most one heartbeat interval late), and what is already resident at this
+    worker's first beat is dated to that beat. An adapter that leaves every tier is forgotten."""
+
+    def __init__(self) -> None:
+        self._entered: dict[str, tuple[AdapterTier, float]] = {}
+
+    def update(self, resident: dict[AdapterTier, list[str]], now: float) -> dict[str, float]:
+        entered: dict[str, tuple[AdapterTier, float]] = {}
+        for tier, digests in resident.items():
+            for digest in digests:
+                before = self._entered.get(digest)
+                entered[digest] = before if before is not None and before[0] == tier else (tier, now)
+        self._entered = entered
+        return {digest: since for digest, (_, since) in entered.items()}
 
 
 def heartbeat_bucket_config(ttl_s: float) -> KeyValueConfig:
@@ -37,6 +61,7 @@ class Heartbeater:
         self.config = heartbeat_bucket_config(ttl_s)
         self.ttl_s = ttl_s
         self.instance = uuid.uuid4().hex[:12]
+        self.tenure = TierTenure()
         self.kv = None
         self.state = ConnectionState("heartbeats")
         self._task: asyncio.Task | None = None
@@ -59,11 +84,26 @@ class Heartbeater:
             )
 
     async def beat(self) -> None:
-        w = self.worker
-        beat = WorkerHeartbeat(worker_id=w.worker_id, pool=w.settings.pool, base_model=w.settings.base_model,
-                               max_rank=w.settings.max_lora_rank, capacity=w.settings.capacity,
-                               in_flight=w.in_flight, queued=w.own_pending, instance=self.instance,
-                               adapters=await w.tiers.resident())  # fmt: skip
+        w, s = self.worker, self.worker.settings
+        resident = await w.tiers.resident()
+        processor = getattr(w, "processor", None)  # None until the worker has started consuming
+        beat = WorkerHeartbeat(
+            worker_id=w.worker_id,
+            pool=s.pool,
+            base_model=s.base_model,
+            max_rank=s.max_lora_rank,
+            capacity=s.capacity,
+            in_flight=w.in_flight,
+            queued=w.own_pending,
+            instance=self.instance,
+            adapters=resident,
+            max_loras=s.max_loras,
+            max_cpu_loras=s.max_cpu_loras,
+            generated_tokens=processor.generated_tokens if processor is not None else 0,
+            tier_hits=dict(w.metrics.found_at),
+            adapter_requests=dict(w.tiers.hotness.top(HOT_ADAPTERS_IN_BEAT)),
+            adapter_since=self.tenure.update(resident, time.time()),
+        )
         if self.kv is None:
             await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)
             self.kv = await self.link.js.key_value(subjects.HEARTBEAT_BUCKET)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from opentelemetry import metrics
 
@@ -10,6 +11,8 @@ from libs.contracts import AdapterTier
 
 # Hot to cold: a request found at tier T is a hit at T and a miss at every hotter tier.
 TIER_ORDER = (AdapterTier.GPU, AdapterTier.CPU, AdapterTier.DISK, AdapterTier.OBJECT_STORE)
+# How many of its hottest adapters a worker exports (one series each; see services/worker/hotness.py).
+HOT_ADAPTERS = 10
 
 
 @dataclass
@@ -17,12 +20,14 @@ class WorkerMetrics:
     tier_hits: metrics.Counter
     tier_misses: metrics.Counter
     load_seconds: metrics.Histogram
-    evictions: metrics.Counter
     requests: metrics.Counter
     tokens: metrics.Counter
     ttft_seconds: metrics.Histogram
     in_flight: metrics.UpDownCounter
     admission_wait_seconds: metrics.Histogram
+    # The same tier hits as plain numbers: the OpenTelemetry counters cannot be read back, and the
+    # heartbeat carries these to `lpx top` (services/worker/heartbeat.py).
+    found_at: Counter[AdapterTier] = field(default_factory=Counter)
 
     @classmethod
     def create(cls, meter: metrics.Meter) -> WorkerMetrics:
@@ -31,7 +36,6 @@ class WorkerMetrics:
             tier_misses=meter.create_counter("lpx_worker_adapter_tier_misses", description="adapter not at this tier"),
             load_seconds=meter.create_histogram("lpx_worker_adapter_load_seconds", unit="s",
                                                 description="time to make an adapter usable, by source tier"),
-            evictions=meter.create_counter("lpx_worker_adapter_evictions", description="adapters evicted, by tier"),
             requests=meter.create_counter("lpx_worker_requests", description="requests finished, by outcome"),
             tokens=meter.create_counter("lpx_worker_generated_tokens", description="completion tokens generated"),
             ttft_seconds=meter.create_histogram("lpx_worker_ttft_seconds", unit="s", description="time to first token"),
@@ -46,30 +50,58 @@ class WorkerMetrics:
         for hotter in TIER_ORDER[: TIER_ORDER.index(tier)]:
             self.tier_misses.add(1, {"tier": hotter.value})
         self.tier_hits.add(1, {"tier": tier.value})
+        self.found_at[tier] += 1
         self.load_seconds.record(load_s, {"tier": tier.value})
 
 
 def register_queue_gauges(meter: metrics.Meter, worker) -> None:
-    """Observable gauges read from the worker's live state at scrape time."""
+    """Observable instruments read from the worker's live state at scrape time. Each carries the worker
+    and its pool, so that dashboards can group by pool without a join."""
+    labels = {"worker": worker.worker_id, "pool": worker.settings.pool}
+    info = {**labels, "base_model": worker.settings.base_model, "engine": worker.settings.engine}
 
-    def queue_depth(_options):
-        yield metrics.Observation(worker.queue_depth, {"worker": worker.worker_id})
+    def gauge(name: str, value, description: str, unit: str = "") -> None:
+        def observe(_options):
+            yield metrics.Observation(value(), labels)
 
-    def disk_bytes(_options):
-        yield metrics.Observation(worker.tiers.disk.stats.bytes, {"worker": worker.worker_id})
+        meter.create_observable_gauge(name, [observe], unit=unit, description=description)
 
-    def tokens_per_s(_options):
-        yield metrics.Observation(worker.tokens_per_s(), {"worker": worker.worker_id})
-
-    meter.create_observable_gauge("lpx_worker_queue_depth", [queue_depth], description="messages waiting")
+    # Always 1: one series per running worker, so `count by (pool)` counts a pool's workers and other
+    # worker series can take the pool label from it (`* on (instance) group_left (pool)`).
+    meter.create_observable_gauge(
+        "lpx_worker_info",
+        [lambda _options: [metrics.Observation(1, info)]],
+        description="one per running worker: its pool, base model and engine",
+    )
+    gauge("lpx_worker_queue_depth", lambda: worker.queue_depth, "messages waiting")
     if worker.admission is not None:
-        _register_admission(meter, worker)
-    meter.create_observable_gauge("lpx_worker_disk_cache_bytes", [disk_bytes], description="disk tier size")
-    meter.create_observable_gauge("lpx_worker_tokens_per_second", [tokens_per_s], description="recent tok/s")
+        _register_admission(meter, worker, labels)
+    gauge("lpx_worker_disk_cache_bytes", lambda: worker.tiers.disk.stats.bytes, "disk tier size")
+    gauge("lpx_worker_tokens_per_second", worker.tokens_per_s, "recent tok/s")
+    _register_adapters(meter, worker, labels)
 
 
-def _register_admission(meter: metrics.Meter, worker) -> None:
-    admission, labels = worker.admission, {"worker": worker.worker_id}
+def _register_adapters(meter: metrics.Meter, worker, labels: dict) -> None:
+    tiers = worker.tiers
+
+    def evictions(_options):
+        # gpu and cpu as the tiers mirror the engine; the disk cache counts its own.
+        counts = {tier: tiers.evictions[tier] for tier in (AdapterTier.GPU, AdapterTier.CPU)}
+        counts[AdapterTier.DISK] = tiers.disk.stats.evictions
+        return [metrics.Observation(n, {**labels, "tier": tier.value}) for tier, n in counts.items()]
+
+    def hottest(_options):
+        top = tiers.hotness.top(HOT_ADAPTERS)
+        return [metrics.Observation(n, {**labels, "adapter": digest[:12]}) for digest, n in top]
+
+    evicted = "adapters that left a tier: a gpu slot, the host-RAM cache, the disk cache"
+    meter.create_observable_counter("lpx_worker_adapter_evictions", [evictions], description=evicted)
+    hot = f"requests per adapter (digest prefix), for this worker's {HOT_ADAPTERS} hottest adapters now"
+    meter.create_observable_counter("lpx_worker_adapter_requests", [hottest], description=hot)
+
+
+def _register_admission(meter: metrics.Meter, worker, labels: dict) -> None:
+    admission = worker.admission
 
     def swaps(_options):
         yield metrics.Observation(admission.stats.slot_swaps, labels)

@@ -27,10 +27,12 @@ from libs.contracts import (
     InferenceResult,
     Timings,
     TokenDelta,
+    TokenLogprob,
+    TopLogprob,
     subjects,
 )
 from libs.contracts.parsing import first_error, reply_to_of, request_id_of
-from libs.engine import GenerationRequest
+from libs.engine import GenerationRequest, RequestRejected, TokenLogprobs
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
@@ -73,6 +75,7 @@ class _Outcome:
     engine_added_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class RequestProcessor:
@@ -138,6 +141,9 @@ class RequestProcessor:
             async with self._admitted(lease) as waited:
                 timings["admission_wait_s"] = waited
                 outcome = await self._generate(request, lease)
+        except RequestRejected as exc:  # the request asked for something the engine cannot do
+            log.info("engine refused a request", extra={"request_id": request.request_id, "reason": str(exc)})
+            return self._error(request, "bad_request", str(exc), timings)
         except Exception as exc:  # noqa: BLE001 - any engine failure becomes an error result
             log.exception("generation failed", extra={"request_id": request.request_id})
             return self._error(request, "engine_error", f"{type(exc).__name__}: {exc}", timings)
@@ -155,7 +161,7 @@ class RequestProcessor:
             finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             adapter_digest_applied=lease.spec.digest if lease else None,
-            adapter_tier=lease.tier if lease else AdapterTier.NONE,
+            adapter_tier=lease.tier if lease else AdapterTier.NONE, logprobs=outcome.logprobs,
             timings=Timings(**timings, **timeline, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
         )  # fmt: skip
 
@@ -177,17 +183,22 @@ class RequestProcessor:
             messages=[m.model_dump() for m in request.messages] if request.messages else None,
             max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, stop=list(s.stop), seed=s.seed,
             adapter=lease.spec if lease else None,
-            trace_headers=inject_headers(),
+            trace_headers=inject_headers(), logprobs=s.logprobs, structured=_engine_structured(s.structured),
         )  # fmt: skip
         if request.adapter is not None and gen.adapter is None:  # belt and braces: never fall back to base
             raise RuntimeError("adapter requested but not applied")
         out, started, index = _Outcome(engine_added_at=time.time()), time.monotonic(), 0
+        if s.logprobs is not None:
+            out.logprobs = []
         async for chunk in self.engine.generate(gen):
             if chunk.text and not out.ttft_s:
                 out.ttft_s = time.monotonic() - started
                 out.first_token_at = time.time()
-            if request.stream and chunk.text:
-                delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text)
+            logprobs = _contract_logprobs(chunk.logprobs, s.logprobs)
+            if logprobs is not None and out.logprobs is not None:
+                out.logprobs.extend(logprobs)
+            if request.stream and (chunk.text or logprobs):
+                delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text, logprobs=logprobs)
                 subject = subjects.token_subject(request.request_id, request.reply_to)
                 await self.nc.publish(subject, delta.model_dump_json().encode())
                 index += 1
@@ -234,6 +245,27 @@ class RequestProcessor:
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
             await self._publish_result(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
+
+
+def _engine_structured(structured) -> dict | None:
+    """The contract's structured output as vLLM's StructuredOutputsParams fields."""
+    if structured is None:
+        return None
+    if structured.kind == "json_object":
+        return {"json_object": True}
+    return {"json": structured.json_schema}
+
+
+def _contract_logprobs(logprobs: list[TokenLogprobs] | None, alternatives: int | None) -> list[TokenLogprob] | None:
+    """The engine's token logprobs on the wire, keeping the alternatives any caller can ask for: OpenAI's
+    completions API shows `logprobs` + 1 of them (chat shows `top_logprobs`)."""
+    if logprobs is None or alternatives is None:
+        return None
+    keep = alternatives + 1
+    return [
+        TokenLogprob(token=t.token, logprob=t.logprob, top=[TopLogprob(token=a, logprob=lp) for a, lp in t.top[:keep]])
+        for t in logprobs
+    ]
 
 
 def _caller_of(request: InferenceRequest) -> dict:

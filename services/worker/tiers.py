@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from libs.contracts import AdapterRef, AdapterTier
@@ -14,6 +14,7 @@ from libs.engine import AdapterSpec, lora_int_id
 from libs.lora.format import CONFIG_FILE
 from libs.objectstore import DigestMismatch, ObjectStoreError
 from services.worker.disk_cache import DiskCache
+from services.worker.hotness import AdapterHotness
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ class AdapterTiers:
         # every request carries the adapter's path and vLLM loads it if it was evicted.
         self._in_engine: OrderedDict[str, None] = OrderedDict()
         self._max_cpu_loras = max_cpu_loras
+        # Adapters that left the gpu and cpu tiers (as mirrored here; the disk tier counts its own) and
+        # which adapters requests ask for: both exported by services/worker/metrics.py.
+        self.evictions: Counter[AdapterTier] = Counter()
+        self.hotness = AdapterHotness()
 
     def check_compatible(self, ref: AdapterRef) -> None:
         if ref.base_model != self.base_model:
@@ -60,9 +65,12 @@ class AdapterTiers:
             raise AdapterUnavailable("rank_mismatch", f"adapter rank {ref.rank} exceeds this pool's max rank "
                                                       f"{self.max_rank}")  # fmt: skip
 
-    async def acquire(self, ref: AdapterRef) -> AdapterLease:
-        """Make `ref` usable by the engine; pin its disk copy until `release`."""
+    async def acquire(self, ref: AdapterRef, *, request: bool = True) -> AdapterLease:
+        """Make `ref` usable by the engine; pin its disk copy until `release`. `request`: for a request
+        (counted in the adapter's hotness), not a prewarm."""
         self.check_compatible(ref)
+        if request:
+            self.hotness.used(ref.digest)
         tier = await self._current_tier(ref)
         started = time.monotonic()
         self.disk.pin(ref.digest)
@@ -83,7 +91,7 @@ class AdapterTiers:
         self.disk.unpin(lease.spec.digest)
 
     async def prewarm(self, ref: AdapterRef) -> AdapterTier:
-        lease = await self.acquire(ref)
+        lease = await self.acquire(ref, request=False)
         self.release(lease)
         return lease.tier
 
@@ -92,6 +100,7 @@ class AdapterTiers:
         in_engine = [d for d in self.disk.digests() if lora_int_id(d) in loaded]
         for digest in [d for d in self._in_engine if lora_int_id(d) not in loaded]:
             del self._in_engine[digest]  # evicted by the engine since: the mirror follows the truth
+            self.evictions[AdapterTier.CPU] += 1
         slots = [d for d in reversed(self._slots) if d in in_engine]
         return {
             AdapterTier.GPU: slots,
@@ -139,9 +148,11 @@ class AdapterTiers:
         self._in_engine.move_to_end(digest)
         while len(self._in_engine) > self._max_cpu_loras:
             self._in_engine.popitem(last=False)
+            self.evictions[AdapterTier.CPU] += 1
 
     def _touch_slot(self, digest: str) -> None:
         self._slots[digest] = None
         self._slots.move_to_end(digest)
         while len(self._slots) > self._max_loras:
             self._slots.popitem(last=False)
+            self.evictions[AdapterTier.GPU] += 1

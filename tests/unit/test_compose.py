@@ -72,3 +72,58 @@ def test_every_build_target_exists_in_the_dockerfile(compose):
         build = compose["services"][name]["build"]
         assert build["dockerfile"] == "infra/docker/Dockerfile"
         assert build["target"] in targets, name
+
+
+# --- observability: Prometheus, the NATS exporter, Grafana -------------------------------------------
+def _prometheus_config() -> dict:
+    return yaml.safe_load((ROOT / "infra/prometheus/prometheus.yml").read_text())
+
+
+def test_prometheus_scrapes_every_service_on_the_port_it_exports(compose):
+    jobs = {job["job_name"]: job for job in _prometheus_config()["scrape_configs"]}
+    for name in APP:
+        env = compose["services"][name]["environment"]
+        port = env[f"LPX_{name.upper().replace('-', '_')}_METRICS_PORT"]  # 0 or unset: nothing to scrape
+        (discovery,) = jobs[f"loraplex-{name}"]["dns_sd_configs"]
+        assert discovery["names"] == [name] and str(discovery["port"]) == port, name
+    # NATS through the exporter, which reads the server's JSON monitoring port.
+    exporter = compose["services"]["nats-exporter"]
+    assert exporter["command"][-1] == "http://nats:8222" and "-jsz=all" in exporter["command"]
+    assert "http: 0.0.0.0:8222" in (ROOT / "infra/nats/single.conf").read_text()
+    assert jobs["nats"]["static_configs"] == [{"targets": ["nats-exporter:7777"]}]  # the exporter's default port
+
+
+def test_prometheus_and_grafana_are_wired_to_their_config(compose):
+    services = compose["services"]
+    assert "./infra/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in services["prometheus"]["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    grafana = services["grafana"]
+    assert "./infra/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    assert "./infra/grafana/dashboards:/etc/loraplex/dashboards:ro" in grafana["volumes"]
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "infra/grafana/dashboards" / home.removeprefix("/etc/loraplex/dashboards/")).is_file()
+    for name in ("prometheus", "grafana"):  # not open beyond the host
+        assert all(port.startswith("127.0.0.1:") for port in services[name]["ports"]), name
+
+    provisioning = ROOT / "infra/grafana/provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources/prometheus.yaml").read_text())["datasources"]
+    assert source["uid"] == "prometheus" and source["url"] == "http://prometheus:9090"  # what dashboards name
+    (provider,) = yaml.safe_load((provisioning / "dashboards/loraplex.yaml").read_text())["providers"]
+    assert provider["options"]["path"] == "/etc/loraplex/dashboards"
+
+
+def test_prometheus_config_is_valid_for_promtool():
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    checked = subprocess.run(
+        [promtool, "check", "config", str(ROOT / "infra/prometheus/prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -121,6 +121,32 @@ async def test_matching_digest_succeeds_and_later_results_are_dropped():
     assert counter(reader, "lpx_gateway_duplicate_results") == 1
 
 
+async def test_tokens_are_counted_per_tenant_once_per_request():
+    d, _, _, reader = make()
+    job = await d.submit(request("r1"), rank=16)
+    answer = InferenceResult(
+        request_id="r1",
+        worker_id="w1",
+        ok=True,
+        text="ahoy",
+        adapter_digest_applied=REF.digest,
+        prompt_tokens=5,
+        completion_tokens=3,
+    )
+    for _ in range(2):  # the second (a re-routed request answered twice) is dropped, not counted
+        await d._on_result(Msg(answer.model_dump_json().encode()))
+    await d.wait(job, time.time() + 5)
+    points = {
+        tuple(sorted(p.attributes.items())): p.value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "lpx_gateway_tokens"
+        for p in m.data.data_points
+    }
+    assert points == {(("kind", "prompt"), ("tenant", "acme")): 5, (("kind", "completion"), ("tenant", "acme")): 3}
+
+
 async def test_worker_errors_and_deadlines():
     d, _, _, _ = make()
     job = await d.submit(request("r1"), rank=16)
@@ -149,7 +175,7 @@ async def test_lost_worker_requests_are_rerouted_to_live_ones():
     pools.set([survivor])
     rerouter = Rerouter(d)
     assert await rerouter.reroute(victim, reason="lost") == len(stranded)
-    moved = js.published[len(jobs):]
+    moved = js.published[len(jobs) :]
     assert {s for s, _, _ in moved} == {subjects.infer("p", survivor, REF.digest)}
     assert all(h["Nats-Msg-Id"].endswith("-reroute-2") for _, _, h in moved)
     assert d.loads.get(victim, 0) == 0 and d.loads[survivor] == 4
@@ -170,7 +196,7 @@ async def test_streaming_events_end_with_the_checked_result():
                               subject=subjects.tokens("r1")))  # fmt: skip
     await d._on_result(result("r1", REF.digest))  # full text "ahoy": the missing "y" comes last
     events = [e async for e in d.events(job, time.time() + 5)]
-    assert events[:-1] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
+    assert [e.text for e in events[:-1]] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
 
 
 def test_baseline_policies_route_by_the_same_loads():

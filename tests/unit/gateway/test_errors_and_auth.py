@@ -130,13 +130,22 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     "path, extra, param, words",
     [
         ("/v1/chat/completions", {"temprature": 0.5}, "temprature", "Unrecognized request argument supplied"),
-        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}, "logprobs", "not supported"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", "not supported"),
+        ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs", "needs logprobs to be true"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 20, "max_tokens": 8000}, "max_tokens",
+         "at most 744 tokens can carry logprobs"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "schema": {"type": "object", "properties": {"age": {"type": "integr"}}}}}},
+         "response_format", "not a valid JSON Schema at properties/age/type"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "schema": {"type": "object"}, "strictly": True}}}, "response_format",
+         "Unrecognized request argument supplied: response_format.json_schema.json_schema.strictly"),
+        ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format", "invalid request"),
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {}}]}, "tools", "not supported"),
         ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
         ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
         ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages", "role"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of", "not supported"),
         ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
     ],
@@ -156,3 +165,18 @@ def test_parameters_at_their_off_value_or_harmless_ones_are_accepted():
             "messages": [{"role": "user", "content": "hi", "name": "ann"}]}  # fmt: skip
     assert _post("/v1/chat/completions", body).status_code == 401  # past validation: the key is checked next
     assert _post("/v1/completions", {"model": "m", "prompt": "x", "logprobs": 0, "best_of": 1}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"logprobs": True},
+        {"logprobs": True, "top_logprobs": 20, "max_tokens": 744},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": {
+            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "anything"}}},
+    ],
+)  # fmt: skip
+def test_implemented_parameters_pass_validation(extra):
+    assert _post("/v1/chat/completions", {**CHAT, **extra}).status_code == 401  # the key is checked next

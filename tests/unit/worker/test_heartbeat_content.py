@@ -1,0 +1,95 @@
+"""What a worker's heartbeat tells `lpx top` and `lpx adapter where`: slot limits, tokens generated,
+tier hits, its hottest adapters' request counts, and since when each adapter is in its tier."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from opentelemetry.sdk.metrics import MeterProvider
+
+from libs.contracts import AdapterTier, WorkerHeartbeat
+from services.worker.heartbeat import Heartbeater, TierTenure
+from services.worker.hotness import AdapterHotness
+from services.worker.metrics import WorkerMetrics
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+GPU, CPU, DISK = AdapterTier.GPU, AdapterTier.CPU, AdapterTier.DISK
+
+
+def test_an_adapter_keeps_its_since_while_it_stays_in_its_tier():
+    tenure = TierTenure()
+    assert tenure.update({GPU: [A], CPU: [B]}, now=10.0) == {A: 10.0, B: 10.0}  # resident at the first beat
+    assert tenure.update({GPU: [A], CPU: [B], DISK: [C]}, now=12.0) == {A: 10.0, B: 10.0, C: 12.0}
+    assert tenure.update({GPU: [B], CPU: [A], DISK: [C]}, now=14.0) == {A: 14.0, B: 14.0, C: 12.0}  # swapped
+    assert tenure.update({GPU: [B]}, now=16.0) == {B: 14.0}  # A and C left every tier: forgotten
+    assert tenure.update({GPU: [B], DISK: [A]}, now=18.0) == {B: 14.0, A: 18.0}  # A is back: a new since
+
+
+class FakeTiers:
+    def __init__(self) -> None:
+        self.hotness = AdapterHotness()
+        self.tiers = {GPU: [A], CPU: [B], DISK: [C]}
+
+    async def resident(self):
+        return {tier: list(digests) for tier, digests in self.tiers.items()}
+
+
+class FakeKV:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+
+async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr("services.worker.heartbeat.time", SimpleNamespace(time=lambda: next(clock)))
+    settings = SimpleNamespace(
+        pool="p16", base_model="smollm2-135m", max_lora_rank=16, capacity=8, max_loras=4, max_cpu_loras=12
+    )
+    metrics = WorkerMetrics.create(MeterProvider().get_meter("test"))
+    for tier in (GPU, GPU, GPU, CPU, AdapterTier.OBJECT_STORE):
+        metrics.record_tier(tier, 0.01)
+    tiers = FakeTiers()
+    for digest in (A, A, A, B):
+        tiers.hotness.used(digest)
+    worker = SimpleNamespace(
+        worker_id="sim-0",
+        settings=settings,
+        in_flight=2,
+        own_pending=1,
+        tiers=tiers,
+        metrics=metrics,
+        processor=SimpleNamespace(generated_tokens=1234),
+    )
+    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
+    heartbeater.kv = FakeKV()
+
+    await heartbeater.beat()
+    first = WorkerHeartbeat.model_validate_json(heartbeater.kv.values["sim-0"])
+    assert (first.max_loras, first.max_cpu_loras, first.generated_tokens) == (4, 12, 1234)
+    assert first.tier_hits == {GPU: 3, CPU: 1, AdapterTier.OBJECT_STORE: 1}
+    assert first.adapter_requests == {A: 3, B: 1}
+    assert first.adapter_since == {A: 100.0, B: 100.0, C: 100.0}
+
+    tiers.tiers = {GPU: [A], CPU: [], DISK: [B, C]}  # B left the engine's host cache
+    await heartbeater.beat()
+    second = WorkerHeartbeat.model_validate_json(heartbeater.kv.values["sim-0"])
+    assert second.adapter_since == {A: 100.0, B: 102.0, C: 100.0}
+
+
+async def test_a_beat_before_the_worker_consumes_counts_no_tokens():
+    settings = SimpleNamespace(pool="p", base_model="m", max_lora_rank=16, capacity=1, max_loras=1, max_cpu_loras=1)
+    worker = SimpleNamespace(
+        worker_id="w",
+        settings=settings,
+        in_flight=0,
+        own_pending=0,
+        tiers=FakeTiers(),
+        metrics=WorkerMetrics.create(MeterProvider().get_meter("test")),
+    )
+    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
+    heartbeater.kv = FakeKV()
+    await heartbeater.beat()
+    assert WorkerHeartbeat.model_validate_json(heartbeater.kv.values["w"]).generated_tokens == 0
