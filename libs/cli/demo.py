@@ -46,13 +46,18 @@ def demo(
         raise typer.Exit(1) from None
     with console.status("3/4 tenants, datasets, training and the eval gate (the first run trains and gates three "
                         "adapters: ~4 min on 2 CPU cores)..."):  # fmt: skip
-        answers = flow.run(platform, log=lambda msg: console.log(msg))
+        answers, fleet = flow.run(platform, log=lambda msg: console.log(msg))
     table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
     for col in ("tenant", "model", "answer", "adapter applied", "s"):
         table.add_column(col, overflow="fold", min_width=50 if col == "answer" else None)
     for a in answers:
         table.add_row(a.who, a.model, a.text, (a.digest or "-")[:12], f"{a.seconds:.1f}")
     console.print(table)
+    if fleet is not None:
+        from libs.fleetview.render import render_top
+
+        console.rule("the fleet during that batch (`lpx top` shows it live)")
+        console.print(render_top(fleet))
     print_ps(platform.ps())
     console.print(
         f"The platform keeps running (gateway {ends.gateway_url}/v1, registry {ends.registry_url}): go on with "

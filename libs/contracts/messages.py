@@ -239,6 +239,10 @@ class InferenceResult(Message):
 
 
 class WorkerHeartbeat(Message):
+    # A state report, not a command: fields a newer worker adds are ignored by older readers (gateways,
+    # lpx), so workers can be upgraded before or after them. schema_version still guards a real change.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
     worker_id: str
     pool: str
     base_model: str

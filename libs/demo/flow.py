@@ -152,9 +152,10 @@ async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list
     return list(answers)
 
 
-def run(platform, log: Log) -> list[Answer]:
+def run(platform, log: Log) -> tuple[list[Answer], object | None]:
     """The demo against the running local platform (`lpx up`): tenants, datasets, training through the
-    trainer, the eval gate's verdicts, then one mixed batch through the gateway."""
+    trainer, the eval gate's verdicts, then one mixed batch through the gateway; its answers and the
+    fleet's snapshot (libs.fleetview.FleetSnapshot) taken during it."""
     ends = platform.endpoints()
     admin = ends.admin_token_file.read_text().strip()
     with httpx.Client(base_url=ends.registry_url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as http:
@@ -164,7 +165,25 @@ def run(platform, log: Log) -> list[Answer]:
             log(f"{name}: adapter already trained on this dataset and passed the gate; not retrained")
         versions = asyncio.run(train_all(_nats_url(), datasets, skip, log))
         wait_for_verdicts(http, versions, log)
-    return asyncio.run(ask_everyone(ends.gateway_url, keys, log))
+    return asyncio.run(ask_and_watch(ends.gateway_url, keys, log))
+
+
+async def ask_and_watch(gateway_url: str, keys: dict[str, str], log: Log) -> tuple[list[Answer], object | None]:
+    """The mixed batch, and one `lpx top` snapshot of the fleet taken while it is in flight (None when the
+    view could not be read: the demo goes on without it)."""
+    from libs.fleetview import FleetCollector
+
+    collector, snapshot = FleetCollector(_nats_url()), None
+    batch = asyncio.ensure_future(ask_everyone(gateway_url, keys, log))
+    try:
+        await collector.start()
+        await asyncio.sleep(1.0)  # the requests reach the worker
+        snapshot = await collector.sample_over(1.0)
+    except Exception as exc:  # noqa: BLE001 - the fleet view is a bonus; the answers are the demo
+        log(f"no fleet view ({exc})")
+    finally:
+        await collector.close()
+    return await batch, snapshot
 
 
 def _nats_url() -> str:

@@ -57,6 +57,7 @@ def deadline(seconds: float) -> GatewayError:
 _WORKER_CODES = {
     "deadline": 504, "bad_request": 400, "base_mismatch": 502, "rank_mismatch": 502, "digest_mismatch": 502,
     "adapter_unavailable": 503, "adapter_invalid": 502, "adapter_load_failed": 502, "engine_error": 502,
+    "result_too_large": 400,
 }  # fmt: skip
 
 

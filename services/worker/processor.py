@@ -227,9 +227,21 @@ class RequestProcessor:
         stamped = result.timings.model_copy(update={"result_sent_at": time.time()})
         result = result.model_copy(update={"timings": stamped})
         subject = subjects.result_subject(result.request_id, reply_to)
-        await publish_retrying(self.js, subject, result.model_dump_json().encode(),
+        data = result.model_dump_json().encode()
+        if len(data) > _max_payload(self.nc):  # never retried for ever: the caller gets the reason instead
+            data = self._too_large(result, len(data)).model_dump_json().encode()
+        await publish_retrying(self.js, subject, data,
                                headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
                                give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip
+
+    def _too_large(self, result: InferenceResult, size: int) -> InferenceResult:
+        log.warning("result over the broker's message limit", extra={"request_id": result.request_id, "bytes": size})
+        reason = (f"the answer ({size} bytes with its logprobs) is over the broker's message limit; ask for "
+                  "fewer tokens or fewer logprob alternatives")  # fmt: skip
+        return InferenceResult(request_id=result.request_id, worker_id=self.worker_id, ok=False,
+                               error=ErrorInfo(code="result_too_large", message=reason), timings=result.timings,
+                               tenant=result.tenant, adapter_digest=result.adapter_digest,
+                               base_model=result.base_model)  # fmt: skip
 
     async def _already_answered(self, request: InferenceRequest) -> bool:
         subject = subjects.result_lookup(request.request_id, request.reply_to)
@@ -245,6 +257,12 @@ class RequestProcessor:
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
             await self._publish_result(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
+
+
+def _max_payload(nc) -> int:
+    """The broker's message limit as the connection learnt it (1 MiB when unknown), less room for headers."""
+    limit = getattr(nc, "max_payload", 0) or 1024 * 1024
+    return limit - 4096
 
 
 def _engine_structured(structured) -> dict | None:

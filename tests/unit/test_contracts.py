@@ -137,3 +137,11 @@ def test_a_dead_letter_stays_publishable_whatever_it_stands_for():
     assert len(letter.model_dump_json().encode()) < 512 * 1024  # far under the broker's 1 MiB
     small = dead_letter("worker", "lpx.infer.p.w.base", "bad", b'{"a": 1}')
     assert not small.truncated and small.payload == '{"a": 1}' and small.payload_bytes == 8
+
+
+def test_a_heartbeat_from_a_newer_worker_is_still_read():
+    from libs.contracts import WorkerHeartbeat
+
+    beat = WorkerHeartbeat(worker_id="w", pool="p", base_model="b", max_rank=16, capacity=8, in_flight=0)
+    newer = {**beat.model_dump(mode="json"), "a_field_from_the_future": [1, 2]}
+    assert WorkerHeartbeat.model_validate(newer).worker_id == "w"

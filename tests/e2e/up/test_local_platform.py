@@ -62,6 +62,10 @@ def test_demo_runs_on_the_local_platform_and_leaves_it_running(demo, home):
     assert "The platform keeps running" in demo
     for tenant in TENANTS:
         assert tenant.name in demo
+    # The fleet as `lpx top` draws it, sampled while the batch was in flight: the worker in its pool.
+    assert "the fleet during that batch" in demo and "no fleet view" not in demo
+    frame = demo.split("the fleet during that batch", 1)[1]
+    assert "gpu slots" in frame and "up-smollm2-135m-r16-1" in frame and "hottest adapters" in frame
     ps = lpx(home, "ps").stdout
     for service in ("registry", "trainer", "eval-gate-smollm2-135m", "worker-smollm2-135m-r16-1", "gateway"):
         assert service in ps

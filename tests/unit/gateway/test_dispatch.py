@@ -199,6 +199,22 @@ async def test_streaming_events_end_with_the_checked_result():
     assert [e.text for e in events[:-1]] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
 
 
+async def test_streamed_logprobs_are_completed_by_the_final_result():
+    from libs.contracts import TokenDelta, TokenLogprob
+
+    d, _, _, _ = make()
+    job = await d.submit(request("r2"), rank=16, stream=True)
+    tokens = [TokenLogprob(token=t, logprob=-0.1 * i) for i, t in enumerate(["ah", "o", "y"])]
+    first = TokenDelta(request_id="r2", index=0, text="ah", logprobs=tokens[:1])
+    await d._on_token(Msg(first.model_dump_json().encode(), subject=subjects.tokens("r2")))
+    final = InferenceResult(request_id="r2", worker_id="w1", ok=True, text="ahoy", adapter_digest_applied=REF.digest,
+                            logprobs=tokens)  # fmt: skip
+    await d._on_result(Msg(final.model_dump_json().encode()))
+    events = [e async for e in d.events(job, time.time() + 5)]
+    assert [e.text for e in events[:-1]] == ["ah", "oy"]  # the worker's other deltas never came: the rest at once
+    assert [t for e in events[:-1] for t in e.logprobs] == tokens  # every token's logprob once, in order
+
+
 def test_baseline_policies_route_by_the_same_loads():
     d, _js, _pools, _reader = make(("w1", "w2", "w3"))
     d.routing_policy = "least_loaded"
