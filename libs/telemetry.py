@@ -30,6 +30,7 @@ class Telemetry:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     prometheus_port: int | None = None
+    metrics_server: object | None = None  # the /metrics HTTP server, stopped with the rest
 
     def tracer(self, name: str | None = None) -> trace.Tracer:
         return self.tracer_provider.get_tracer(name or self.service)
@@ -40,6 +41,10 @@ class Telemetry:
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
+        if self.metrics_server is not None:  # its port is free again (an in-process service in a test)
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
 
 
 def setup_telemetry(service: str, *, metrics_port: int = 0, set_global: bool = True) -> Telemetry:
@@ -57,23 +62,25 @@ def setup_telemetry(service: str, *, metrics_port: int = 0, set_global: bool = T
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    server = None
     if metrics_port:
-        readers.append(_prometheus_reader(metrics_port))
+        reader, server = _prometheus_reader(metrics_port)
+        readers.append(reader)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
 
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
     log.debug("telemetry ready", extra={"otlp": otlp, "metrics_port": metrics_port})
-    return Telemetry(service, tracer_provider, meter_provider, metrics_port or None)
+    return Telemetry(service, tracer_provider, meter_provider, metrics_port or None, server)
 
 
-def _prometheus_reader(port: int) -> MetricReader:
+def _prometheus_reader(port: int) -> tuple[MetricReader, object]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
-    start_http_server(port, addr=os.environ.get("LPX_METRICS_ADDR", "0.0.0.0"))
-    return PrometheusMetricReader()
+    server, _thread = start_http_server(port, addr=os.environ.get("LPX_METRICS_ADDR", "0.0.0.0"))
+    return PrometheusMetricReader(), server
 
 
 def inject_headers(headers: MutableMapping[str, str] | None = None, context: Context | None = None) -> dict:

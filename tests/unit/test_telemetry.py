@@ -26,3 +26,24 @@ def test_json_logs_carry_service_trace_and_extra_fields():
     doc = json.loads(JsonFormatter().format(record))
     assert doc["msg"] == "hello world" and doc["service"] == "gateway" and doc["request_id"] == "r-1"
     assert doc["trace_id"] == format(span.get_span_context().trace_id, "032x")
+
+
+def test_the_metrics_endpoint_stops_with_the_telemetry():
+    import socket
+
+    import httpx
+
+    from libs.telemetry import setup_telemetry
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = setup_telemetry("unit", metrics_port=port, set_global=False)
+    telemetry.meter().create_counter("lpx_unit_things").add(1)
+    assert "lpx_unit_things" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    telemetry.shutdown()
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        raise AssertionError("the metrics server still answers after shutdown")
+    except httpx.TransportError:
+        pass
