@@ -24,7 +24,16 @@ from nats.js.errors import NotFoundError
 
 from libs.broker import TRANSIENT as _TRANSIENT
 from libs.broker import publish_retrying, quiet_callbacks
-from libs.contracts import ChatMessage, InferenceResult, SamplingParams, SubmitRequest, TokenDelta, new_id, subjects
+from libs.contracts import (
+    ChatMessage,
+    InferenceResult,
+    SamplingParams,
+    StructuredOutput,
+    SubmitRequest,
+    TokenDelta,
+    new_id,
+    subjects,
+)
 from libs.settings import nats_servers
 
 
@@ -77,11 +86,15 @@ class LoraplexClient:
                      top_p: float = 1.0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
                      timeout_s: float | None = None, request_id: str | None = None,
                      api_key: str | None = None, publish_retry_s: float = 30.0,
-                     tier: str = "batch") -> str:  # fmt: skip
+                     tier: str = "batch", logprobs: int | None = None,
+                     json_schema: dict | bool | None = None) -> str:  # fmt: skip
         """Queue one request; returns its request id as soon as JetStream has stored it. While the broker
         is away (restart, leader election) the publish is retried for `publish_retry_s` with the same
         Nats-Msg-Id, so it is stored once however many tries it takes. `tier`: batch (fills the capacity
-        interactive traffic leaves) or interactive (admitted ahead of batch work in a full pool)."""
+        interactive traffic leaves) or interactive (admitted ahead of batch work in a full pool).
+        `logprobs`: the result carries each token's logprob with this many alternatives. `json_schema`:
+        the answer is JSON valid against this schema (True: any JSON object), decoding constrained by vLLM;
+        a schema that is not JSON Schema raises ValueError here."""
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
@@ -89,7 +102,7 @@ class LoraplexClient:
             request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop),
-                                    seed=seed),
+                                    seed=seed, logprobs=logprobs, structured=_structured(json_schema)),
             stream=stream, timeout_s=timeout_s, tier=tier,
         )  # fmt: skip
         await publish_retrying(self.js, subjects.SUBMIT, request.model_dump_json().encode(),
@@ -163,3 +176,11 @@ class LoraplexClient:
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
+
+
+def _structured(json_schema: dict | bool | None) -> StructuredOutput | None:
+    if json_schema is None or json_schema is False:
+        return None
+    if json_schema is True:
+        return StructuredOutput(kind="json_object")
+    return StructuredOutput(kind="json_schema", json_schema=json_schema)

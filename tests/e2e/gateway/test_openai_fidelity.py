@@ -17,6 +17,7 @@ import jsonschema
 import openai
 import pytest
 
+from libs.client import LoraplexClient
 from libs.engine.vllm_serve import start_vllm_serve, wait_http
 from tests.e2e.gateway.conftest import BASE, free_port
 
@@ -72,7 +73,7 @@ async def vllm_serve(base_model_path, tones, tmp_path_factory):
         proc.kill()
 
 
-async def test_logprobs_and_schema_valid_json_from_an_adapter(gateway, tenants, make_worker):
+async def test_logprobs_and_schema_valid_json_from_an_adapter(gateway, tenants, make_worker, connections):
     await make_worker("gw-fid-1")
     await gateway.wait_workers(1)
     client = oa(gateway.url, tenants.key_a)
@@ -117,6 +118,15 @@ async def test_logprobs_and_schema_valid_json_from_an_adapter(gateway, tenants, 
     assert content.lstrip().startswith("{"), content
     if finish == "stop":  # the grammar allows any whitespace: a long run of it can end at max_tokens
         assert isinstance(json.loads(content), dict), content
+
+    # The same over NATS (async submission): logprobs and constrained JSON on the result.
+    async with LoraplexClient(connections.nats_url, api_key=tenants.key_a) as lpx:
+        rid = await lpx.submit("support", messages=[{"role": "user", "content": "Describe a pirate as JSON."}],
+                               max_tokens=60, logprobs=1, json_schema=PERSON)  # fmt: skip
+        result = await lpx.result(rid, timeout=240)
+    assert result.ok and result.adapter_digest_applied == tenants.digest_a, result.error
+    jsonschema.validate(json.loads(result.text), PERSON)
+    assert len(result.logprobs) == result.completion_tokens and all(len(t.top) <= 2 for t in result.logprobs)
 
     with pytest.raises(openai.BadRequestError) as refused:
         await asyncio.to_thread(client.chat.completions.create, model="support", messages=QUESTION, max_tokens=8,
