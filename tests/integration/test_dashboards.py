@@ -98,12 +98,18 @@ class Platform:
     def log_tails(self) -> str:
         return "\n".join(f"--- {name}:\n{path.read_text(errors='replace')[-2000:]}" for name, path in self.logs.items())
 
-    def scrape(self) -> dict[str, dict[str, set[str]]]:
-        """job -> sample name -> label names, as each process exports them now."""
-        return {
-            job: parse_exposition(httpx.get(f"http://{target}/metrics", timeout=5).text)
-            for job, target in self.targets.items()
-        }
+    def scrape(self, *, starting: bool = False) -> dict[str, dict[str, set[str]]]:
+        """job -> sample name -> label names, as each process exports them now. `starting`: a process
+        not listening yet (the trainer opens its port a moment after it was spawned) exports nothing."""
+        out = {}
+        for job, target in self.targets.items():
+            try:
+                out[job] = parse_exposition(httpx.get(f"http://{target}/metrics", timeout=5).text)
+            except httpx.TransportError as exc:
+                if not starting:
+                    raise AssertionError(f"{job} at {target} does not answer: {exc}\n{self.log_tails()}") from None
+                out[job] = {}
+        return out
 
 
 def dashboard_metrics(boards: dict[str, dict]) -> dict[str, set[str]]:
@@ -119,7 +125,7 @@ def dashboard_metrics(boards: dict[str, dict]) -> dict[str, set[str]]:
 
 
 def missing(platform: Platform, wanted: dict[str, set[str]]) -> set[str]:
-    exported = set().union(*(set(samples) for samples in platform.scrape().values()))
+    exported = set().union(*(set(samples) for samples in platform.scrape(starting=True).values()))
     return set(wanted) - exported
 
 
