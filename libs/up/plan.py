@@ -59,22 +59,34 @@ def available_memory_gib() -> float:
     return float("inf")  # unknown: do not refuse
 
 
-def worker_count(settings: UpSettings, pools: int, requested: int | None) -> int:
-    """Workers per pool: the request if it fits in memory, else a clear refusal; by default what fits."""
-    free = available_memory_gib() - settings.fixed_memory_gib
-    fits = int(free // (settings.worker_memory_gib * pools)) if free > 0 else 0
+@dataclass(frozen=True)
+class Running:
+    """What a platform already up holds in memory: a second `lpx up` sizes only what it adds."""
+
+    workers: int = 0  # worker processes running, all pools together
+    fixed: bool = False  # the eval gates and the trainer (the fixed share) are running
+
+
+def worker_count(settings: UpSettings, pools: int, requested: int | None, running: Running = Running()) -> int:
+    """Workers per pool: the request if it fits in memory, else a clear refusal; by default what fits.
+    Memory held by services already running is not counted again (it is not available any more, and
+    needs not be)."""
+    available = available_memory_gib()
+    free = available - (0 if running.fixed else settings.fixed_memory_gib)
+    fits = (running.workers + int(max(free, 0) // settings.worker_memory_gib)) // pools
     if requested is not None:
         if requested > fits:
             need = settings.fixed_memory_gib + requested * pools * settings.worker_memory_gib
+            held = f" ({running.workers} worker(s) already running)" if running.workers else ""
             raise PlanError(
                 f"{requested} worker(s) per pool need about {need:.0f} GiB of memory, "
-                f"{available_memory_gib():.1f} GiB is available: use --workers {max(fits, 1)} "
+                f"{available:.1f} GiB is available{held}: use --workers {max(fits, 1)} "
                 f"or fewer (or LPX_UP_WORKER_MEMORY_GIB if your workers are smaller)"
             )
         return requested
     if fits < 1:
         raise PlanError(
-            f"not enough memory for one worker: {available_memory_gib():.1f} GiB available, about "
+            f"not enough memory for one worker: {available:.1f} GiB available, about "
             f"{settings.fixed_memory_gib + settings.worker_memory_gib:.0f} GiB needed"
         )
     by_cores = max(1, (os.cpu_count() or 2) // 2)

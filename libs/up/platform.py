@@ -23,10 +23,10 @@ import httpx
 from libs.paths import platform_env_file, stack_env_file, up_dir
 from libs.stack.procs import free_port
 from libs.up import plan
-from libs.up.plan import PlanError, ServiceSpec
+from libs.up.plan import PlanError, Running, ServiceSpec
 from libs.up.runner import read_starts
 from libs.up.settings import UpSettings
-from libs.up.supervisor import BACKOFF, FATAL, RUNNING, Supervisor
+from libs.up.supervisor import BACKOFF, FATAL, RUNNING, STARTING, Supervisor
 
 Log = Callable[[str], None]
 
@@ -78,7 +78,7 @@ class LocalPlatform:
             )
         record = self._record()
         fresh = not self.supervisor.running()
-        specs = self._plan(bases, workers, record, check_ports=fresh)
+        specs = self._plan(bases, workers, record, fresh=fresh)
         stack_was_up = bool(self.stack.status()) and all(row.healthy for row in self.stack.status())
         try:
             self.stack.up(on_event=on_event)
@@ -113,12 +113,13 @@ class LocalPlatform:
                 self._stop_services()
             raise
 
-    def _plan(self, bases: list[str], workers: int | None, record: dict, *, check_ports: bool) -> list[ServiceSpec]:
+    def _plan(self, bases: list[str], workers: int | None, record: dict, *, fresh: bool) -> list[ServiceSpec]:
+        """A fresh start checks its ports are free; a second `lpx up` keeps them and sizes only what it adds."""
         requested = workers or self.settings.workers or record.get("workers_requested")
-        count = plan.worker_count(self.settings, len(bases), requested)
+        count = plan.worker_count(self.settings, len(bases), requested, Running() if fresh else self._running())
         ports = {
-            "registry": self._port("registry", self.settings.registry_port, record, check_ports),
-            "gateway": self._port("gateway", self.settings.gateway_port, record, check_ports),
+            "registry": self._port("registry", self.settings.registry_port, record, fresh),
+            "gateway": self._port("gateway", self.settings.gateway_port, record, fresh),
         }
         self.state.mkdir(parents=True, exist_ok=True)
         record.update(
@@ -133,6 +134,14 @@ class LocalPlatform:
             admin_token=self._admin_token(),
             env_file=stack_env_file(),
             state=self.state,
+        )
+
+    def _running(self) -> Running:
+        """The services of a platform already up, as memory already taken (a second `lpx up`)."""
+        up = {name for name, info in self.supervisor.processes().items() if info.state in (RUNNING, STARTING)}
+        return Running(
+            workers=sum(name.startswith("worker-") for name in up),
+            fixed="trainer" in up or any(name.startswith("eval-gate-") for name in up),
         )
 
     def _port(self, service: str, pinned: int, record: dict, check: bool) -> int:

@@ -78,6 +78,25 @@ def test_workers_default_to_what_fits_and_a_request_that_does_not_fit_is_refused
         plan.worker_count(settings, pools=1, requested=None)
 
 
+def test_a_platform_already_up_is_not_sized_again(monkeypatch):
+    """A second `lpx up` on a running platform: the memory its services hold is not available any more,
+    and needs not be (CI: 1 worker "needed 10 GiB, 9.9 available" with that worker running)."""
+    settings = UpSettings(worker_memory_gib=4, fixed_memory_gib=6, max_workers=4)
+    monkeypatch.setattr(plan, "available_memory_gib", lambda: 1.0)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 16)
+    running = plan.Running(workers=1, fixed=True)
+    assert plan.worker_count(settings, pools=1, requested=1, running=running) == 1
+    assert plan.worker_count(settings, pools=1, requested=None, running=running) == 1  # keeps what runs
+    with pytest.raises(
+        PlanError, match=r"2 worker\(s\) per pool .* \(1 worker\(s\) already running\): use --workers 1"
+    ):
+        plan.worker_count(settings, pools=1, requested=2, running=running)
+    monkeypatch.setattr(plan, "available_memory_gib", lambda: 5.0)  # room for one more worker
+    assert plan.worker_count(settings, pools=1, requested=2, running=running) == 2
+    with pytest.raises(PlanError, match="use --workers 1"):  # the fixed share is not running: it needs 6
+        plan.worker_count(settings, pools=1, requested=2, running=plan.Running(workers=1))
+
+
 def test_fetched_bases_are_the_model_dirs_with_a_manifest(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / plan.MANIFEST).write_text("{}")
