@@ -173,7 +173,7 @@ def adapter_where(
     from rich.console import Console
 
     from libs.cli.registry_cmds import _call, _split
-    from libs.fleetview import FleetUnreachable, placements
+    from libs.fleetview import FleetUnreachable, placements, unlisted_disk
     from libs.fleetview.render import render_where
 
     tenant, alias = _split(ref, "alias")
@@ -183,6 +183,7 @@ def adapter_where(
     except FleetUnreachable as exc:
         _unreachable("lpx adapter where", str(exc))
     found = placements(beats.values(), version["digest"])
+    unlisted = unlisted_disk(beats.values(), version["digest"])
     if as_json:
         body = {
             "tenant": tenant,
@@ -192,11 +193,12 @@ def adapter_where(
             "status": version["status"],
             "digest": version["digest"],
             "workers": [asdict(p) for p in found],
+            "may_hold_on_disk": unlisted,  # workers whose beats list only their most recent disk adapters
         }
         typer.echo(json.dumps(body, indent=2))
         return
     title = f"{tenant}/{alias} = {version['adapter']} v{version['number']} ({version['digest'][:12]})"
-    Console().print(render_where(title, found, time.time()))
+    Console().print(render_where(title, found, time.time(), unlisted))
 
 
 async def _heartbeats(url: str) -> dict:

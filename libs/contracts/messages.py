@@ -251,7 +251,10 @@ class WorkerHeartbeat(Message):
     in_flight: int
     queued: int = 0  # routed to this worker, not yet taken (its consumers' pending messages)
     instance: str = ""  # one per worker process: tells a restart of this worker from another with its id
-    adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)  # tier -> digests
+    # tier -> digests, most recently used first. The disk tier's list is bounded (a disk can hold
+    # thousands; a beat is one KV value, at most 1 MiB): `adapter_counts` has every tier's full count.
+    adapters: dict[AdapterTier, list[str]] = Field(default_factory=dict)
+    adapter_counts: dict[AdapterTier, int] = Field(default_factory=dict)  # empty: a worker from before; len(list)
     ts: float = Field(default_factory=time.time)
     # For `lpx top` and `lpx adapter where` (0 / empty: a worker from before these fields).
     max_loras: int = 0  # engine adapter slots: the most adapters in the GPU tier at once

@@ -19,7 +19,7 @@ Where each number comes from:
 """
 
 from libs.fleetview.collector import FleetCollector
-from libs.fleetview.snapshot import FleetSnapshot, Placement, placements
+from libs.fleetview.snapshot import FleetSnapshot, Placement, placements, unlisted_disk
 from libs.fleetview.sources import FleetUnreachable
 
-__all__ = ["FleetCollector", "FleetSnapshot", "FleetUnreachable", "Placement", "placements"]
+__all__ = ["FleetCollector", "FleetSnapshot", "FleetUnreachable", "Placement", "placements", "unlisted_disk"]

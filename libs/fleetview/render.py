@@ -153,9 +153,16 @@ def _queues(streams: Sequence[StreamDepth]) -> RenderableType:
     return table
 
 
-def render_where(title: str, placements: Sequence[Placement], now: float) -> RenderableType:
+def render_where(
+    title: str, placements: Sequence[Placement], now: float, unlisted: Sequence[str] = ()
+) -> RenderableType:
+    maybe = (
+        f"{', '.join(unlisted)} list only their most recent disk adapters: they may hold it on disk too"
+        if unlisted
+        else ""
+    )
     if not placements:
-        return Text(f"{title}: not resident on any live worker")
+        return Text(f"{title}: not resident on any live worker" + (f" ({maybe})" if maybe else ""))
     table = _table(title, "worker", "pool", "tier", "since", "for", "requests", text_columns=4)
     for p in placements:
         known = p.since is not None
@@ -164,4 +171,6 @@ def render_where(title: str, placements: Sequence[Placement], now: float) -> Ren
         table.add_row(
             p.worker_id, p.pool, TIER_LABEL[p.tier.value], since, ago(now - p.since) if known else "-", requests
         )
+    if maybe:
+        table.caption = maybe
     return table

@@ -143,6 +143,22 @@ def placements(beats: Iterable[WorkerHeartbeat], digest: str) -> list[Placement]
     return sorted(found, key=lambda p: (TIERS.index(p.tier), p.worker_id))
 
 
+def unlisted_disk(beats: Iterable[WorkerHeartbeat], digest: str) -> list[str]:
+    """Workers that may hold `digest` on disk without naming it: their beats list only the most recent
+    of more disk adapters (and do not name it in any tier)."""
+    return sorted(
+        beat.worker_id
+        for beat in beats
+        if resident_count(beat, AdapterTier.DISK) > len(beat.adapters.get(AdapterTier.DISK, ()))
+        and not any(digest in beat.adapters.get(tier, ()) for tier in TIERS)
+    )
+
+
+def resident_count(beat: WorkerHeartbeat, tier: AdapterTier) -> int:
+    """How many adapters the worker holds in `tier` (its beat may list only the most recent)."""
+    return beat.adapter_counts.get(tier, len(beat.adapters.get(tier, ())))
+
+
 def worker_row(pair: BeatPair, now: float) -> WorkerRow:
     beat = pair.newer
     hits = {tier.value: beat.tier_hits.get(tier, 0) for tier in TIERS}
@@ -156,11 +172,11 @@ def worker_row(pair: BeatPair, now: float) -> WorkerRow:
         in_flight=beat.in_flight,
         capacity=beat.capacity,
         queued=beat.queued,
-        gpu_adapters=len(beat.adapters.get(AdapterTier.GPU, ())),
+        gpu_adapters=resident_count(beat, AdapterTier.GPU),
         max_loras=beat.max_loras,
-        cpu_adapters=len(beat.adapters.get(AdapterTier.CPU, ())),
+        cpu_adapters=resident_count(beat, AdapterTier.CPU),
         max_cpu_loras=beat.max_cpu_loras,
-        disk_adapters=len(beat.adapters.get(AdapterTier.DISK, ())),
+        disk_adapters=resident_count(beat, AdapterTier.DISK),
         generated_tokens=beat.generated_tokens,
         tok_s=pair.rate(lambda b: b.generated_tokens),
         tier_hits=hits,

@@ -27,6 +27,18 @@ class WorkerIdInUse(RuntimeError):
 
 # The hottest adapters a beat names with their request counts (`lpx top` ranks the fleet's from them).
 HOT_ADAPTERS_IN_BEAT = 32
+# The most disk-tier digests a beat lists (the most recently used; the count is always whole). With their
+# `adapter_since` entries ~160 bytes each: ~80 KB, far under a KV value's 1 MiB, however large the disk
+# (GPU and CPU tiers are bounded by the engine's max_loras / max_cpu_loras).
+DISK_DIGESTS_IN_BEAT = 512
+
+
+def bounded(resident: dict[AdapterTier, list[str]]) -> dict[AdapterTier, list[str]]:
+    """The tiers as a beat lists them: the disk tier cut to its `DISK_DIGESTS_IN_BEAT` most recent."""
+    return {
+        tier: digests[:DISK_DIGESTS_IN_BEAT] if tier == AdapterTier.DISK else digests
+        for tier, digests in resident.items()
+    }
 
 
 class TierTenure:
@@ -86,6 +98,7 @@ class Heartbeater:
     async def beat(self) -> None:
         w, s = self.worker, self.worker.settings
         resident = await w.tiers.resident()
+        listed = bounded(resident)
         processor = getattr(w, "processor", None)  # None until the worker has started consuming
         beat = WorkerHeartbeat(
             worker_id=w.worker_id,
@@ -96,13 +109,14 @@ class Heartbeater:
             in_flight=w.in_flight,
             queued=w.own_pending,
             instance=self.instance,
-            adapters=resident,
+            adapters=listed,
+            adapter_counts={tier: len(digests) for tier, digests in resident.items()},
             max_loras=s.max_loras,
             max_cpu_loras=s.max_cpu_loras,
             generated_tokens=processor.generated_tokens if processor is not None else 0,
             tier_hits=dict(w.metrics.found_at),
             adapter_requests=dict(w.tiers.hotness.top(HOT_ADAPTERS_IN_BEAT)),
-            adapter_since=self.tenure.update(resident, time.time()),
+            adapter_since=self.tenure.update(listed, time.time()),
         )
         if self.kv is None:
             await ensure_buckets(self.link.js, [self.config], replicas=self.link.connections.nats_replicas)

@@ -8,7 +8,6 @@ import json
 import os
 import pty
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 from libs.fleet import Fleet, FleetSpec
 from libs.stack import procs
 from tests.integration.registry.conftest import ADMIN, ADMIN_TOKEN, create_database
+from tests.registry_process import start_registry, stop_registry
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -47,23 +47,9 @@ async def registry_url(connections, tmp_path_factory):
         "LPX_REGISTRY_EVAL_DELIVER_POLICY": "new",
         "LPX_ENV_FILE": str(tmp_path_factory.mktemp("no-env") / "absent.env"),
     }
-    log_path = tmp_path_factory.mktemp("top-registry") / "registry.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.registry"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None
-
-    assert procs.wait_until(ready, 90) and proc.poll() is None, log_path.read_text()[-3000:]
+    url, proc = start_registry(env, tmp_path_factory.mktemp("top-registry") / "registry.log")
     yield url
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    stop_registry(proc)
 
 
 @pytest.fixture(scope="module")

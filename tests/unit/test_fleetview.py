@@ -29,6 +29,8 @@ from libs.fleetview.snapshot import (
     build_snapshot,
     hottest_adapters,
     placements,
+    unlisted_disk,
+    worker_row,
 )
 
 HOT, WARM, COLD = "a" * 64, "b" * 64, "c" * 64
@@ -274,6 +276,20 @@ def test_where_table_and_durations():
     assert "disk" in lines[1] and "1h00m" in lines[1]
     assert "not resident on any live worker" in frame_text(render_where("acme/x", [], now=0))
     assert [ago(s) for s in (4, 192, 7500, 3 * 86400 + 4 * 3600)] == ["4s", "3m12s", "2h05m", "3d04h"]
+
+
+def test_a_worker_listing_only_its_recent_disk_adapters_counts_them_all_and_may_hold_any():
+    """Beats list a bounded share of the disk tier with the whole count: top shows the count, and where
+    names the workers that may hold an adapter it does not find listed, instead of a confident "nowhere"."""
+    bounded = beat("sim-2", adapter_counts={AdapterTier.GPU: 1, AdapterTier.CPU: 1, AdapterTier.DISK: 900})
+    old = beat("sim-3")  # a worker from before adapter_counts: the lists are whole
+    assert worker_row(BeatPair(bounded), now=100.0).disk_adapters == 900
+    assert worker_row(BeatPair(old), now=100.0).disk_adapters == 1
+    unknown = "d" * 64
+    assert unlisted_disk([bounded, old], unknown) == ["sim-2"]
+    assert unlisted_disk([bounded, old], COLD) == []  # listed: where says so
+    text = frame_text(render_where("acme/x", [], now=0, unlisted=["sim-2"]))
+    assert "not resident on any live worker" in text and "sim-2" in text and "may hold it on disk" in text
 
 
 # --- the command with the broker away ------------------------------------------------------------

@@ -20,6 +20,7 @@ from libs.stack import procs
 from tests.e2e.eval_gate.conftest import gate_settings, tone_dataset
 from tests.e2e.worker.conftest import store, tones  # noqa: F401
 from tests.integration.registry.conftest import ADMIN, ADMIN_TOKEN, create_database
+from tests.registry_process import start_registry, stop_registry
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = "smollm2-135m"
@@ -36,8 +37,16 @@ class RegistryProcess:
     async def lpx(self, *args: str, timeout_s: float = 600) -> tuple[int, str]:
         """The CLI as an operator runs it; returns (exit status, stdout + stderr)."""
         env = {**self.env, "LPX_REGISTRY_URL": self.url, "COLUMNS": "200"}
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "libs.cli.main", *args, cwd=REPO, env=env,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "libs.cli.main",
+            *args,
+            cwd=REPO,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         output, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
         return proc.returncode, output.decode(errors="replace")
 
@@ -68,23 +77,11 @@ async def registry_proc(connections, stack, tmp_path_factory):
            "LPX_REGISTRY_EVAL_DURABLE": f"train-{uuid.uuid4().hex[:8]}", "LPX_REGISTRY_EVAL_DELIVER_POLICY": "new",
            "LPX_REGISTRY_OUTBOX_POLL_S": "0.2"}  # fmt: skip
     log = tmp_path_factory.mktemp("registry") / "registry.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.registry"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None
-
-    assert procs.wait_until(ready, 90) and proc.poll() is None, log.read_text()[-3000:]
+    url, proc = start_registry(env, log)
     running = RegistryProcess(url, env, proc, log)
     yield running
     await running.client.aclose()
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    stop_registry(proc)
 
 
 @pytest.fixture(scope="module")

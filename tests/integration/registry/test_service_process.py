@@ -15,6 +15,7 @@ import pytest
 
 from libs.stack import procs
 from tests.integration.registry.conftest import ADMIN, ADMIN_TOKEN, create_database
+from tests.registry_process import start_registry, stop_registry
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
@@ -30,22 +31,10 @@ async def registry_process(connections, tmp_path_factory):
            "LPX_REGISTRY_EVAL_DURABLE": f"proc-{uuid.uuid4().hex[:8]}", "LPX_REGISTRY_EVAL_DELIVER_POLICY": "new",
            "LPX_ENV_FILE": str(tmp_path_factory.mktemp("no-env") / "absent.env")}  # fmt: skip
     log_path = tmp_path_factory.mktemp("registry-proc") / "registry.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "services.registry"], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None  # stop waiting if it died
-
-    assert procs.wait_until(ready, 90) and proc.poll() is None, log_path.read_text()[-3000:]
+    url, proc = start_registry(env, log_path)
     yield {"url": url, "env": env, "proc": proc, "log": log_path}
-    proc.send_signal(signal.SIGTERM)
     # uvicorn re-raises the signal after a graceful shutdown, so -SIGTERM is a clean exit too.
-    assert proc.wait(timeout=30) in (0, -signal.SIGTERM), log_path.read_text()[-3000:]
+    assert stop_registry(proc) in (0, -signal.SIGTERM), log_path.read_text()[-3000:]
     assert "registry stopped" in log_path.read_text()
 
 

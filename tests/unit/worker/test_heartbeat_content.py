@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from opentelemetry.sdk.metrics import MeterProvider
 
 from libs.contracts import AdapterTier, WorkerHeartbeat
-from services.worker.heartbeat import Heartbeater, TierTenure
+from services.worker.heartbeat import DISK_DIGESTS_IN_BEAT, Heartbeater, TierTenure
 from services.worker.hotness import AdapterHotness
 from services.worker.metrics import WorkerMetrics
 
@@ -93,3 +93,30 @@ async def test_a_beat_before_the_worker_consumes_counts_no_tokens():
     heartbeater.kv = FakeKV()
     await heartbeater.beat()
     assert WorkerHeartbeat.model_validate_json(heartbeater.kv.values["w"]).generated_tokens == 0
+
+
+async def test_a_worker_with_thousands_of_adapters_on_disk_beats_in_a_bounded_message():
+    """A beat is one KV value (1 MiB at most): unbounded, 10,000 disk adapters with their since times
+    were ~1.6 MB and the worker would drop out of its pool. The disk list keeps its most recent; the
+    count stays whole."""
+    settings = SimpleNamespace(pool="p", base_model="m", max_lora_rank=16, capacity=1, max_loras=4, max_cpu_loras=8)
+    tiers = FakeTiers()
+    on_disk = [f"{i:064x}" for i in range(10_000)]  # most recent first, as the disk cache lists them
+    tiers.tiers = {GPU: [A], CPU: [B], DISK: on_disk}
+    worker = SimpleNamespace(
+        worker_id="w",
+        settings=settings,
+        in_flight=0,
+        own_pending=0,
+        tiers=tiers,
+        metrics=WorkerMetrics.create(MeterProvider().get_meter("test")),
+    )
+    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
+    heartbeater.kv = FakeKV()
+    await heartbeater.beat()
+    raw = heartbeater.kv.values["w"]
+    assert len(raw) < 128 * 1024, len(raw)
+    sent = WorkerHeartbeat.model_validate_json(raw)
+    assert sent.adapters[DISK] == on_disk[:DISK_DIGESTS_IN_BEAT] and sent.adapters[GPU] == [A]
+    assert sent.adapter_counts == {GPU: 1, CPU: 1, DISK: 10_000}
+    assert set(sent.adapter_since) == {A, B, *on_disk[:DISK_DIGESTS_IN_BEAT]}
