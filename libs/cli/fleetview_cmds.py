@@ -47,6 +47,12 @@ def top(
         [], "--metrics", help="a gateway's Prometheus URL (repeatable): adds req/s per tenant and HTTP status"
     ),
     nats_url: str | None = typer.Option(None, "--nats", help="NATS URL (default: LPX_NATS_URL, the stack env file)"),
+    names: bool = typer.Option(
+        True,
+        "--names/--no-names",
+        help="name the hottest adapters (tenant/adapter vN) through the registry at LPX_REGISTRY_URL with its "
+        "admin token, asked every 30 s; --no-names: digest prefixes only",
+    ),
 ) -> None:
     """The fleet live: workers, adapter tiers, hottest adapters, tenants, queues (q quits).
 
@@ -60,7 +66,7 @@ def top(
     from libs.fleetview import FleetCollector, FleetUnreachable
 
     url = _nats_url(nats_url)
-    collector = FleetCollector(url, metrics_urls=metrics, hottest=hottest)
+    collector = FleetCollector(url, metrics_urls=metrics, hottest=hottest, registry=_registry() if names else None)
     try:
         if once or as_json:
             asyncio.run(_print_once(collector, window, as_json))
@@ -70,6 +76,13 @@ def top(
         _unreachable("lpx top", str(exc))
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a view without a terminal on stdin ends
+
+
+def _registry() -> tuple[str, dict[str, str]]:
+    from libs.cli.registry_cmds import registry_settings
+
+    settings, headers = registry_settings()
+    return settings.url, headers
 
 
 async def _print_once(collector, window: float, as_json: bool) -> None:

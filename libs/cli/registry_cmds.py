@@ -44,14 +44,19 @@ class RegistryClientSettings(BaseSettings):
     timeout_s: float = 120.0
 
 
-def _client():
-    import httpx
-
-    # The local stack's settings, then what `lpx up` wrote (the registry's URL and admin token);
-    # the real environment wins over both.
+def registry_settings() -> tuple[RegistryClientSettings, dict[str, str]]:
+    """The registry's client settings and the admin headers: the local stack's settings, then what
+    `lpx up` wrote (the registry's URL and admin token); the real environment wins over both."""
     env_files = tuple(path for path in (stack_env_file(), platform_env_file()) if path.is_file())
     settings = RegistryClientSettings(_env_file=env_files or None)
     headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"} if settings.admin_token else {}
+    return settings, headers
+
+
+def _client():
+    import httpx
+
+    settings, headers = registry_settings()
     return httpx.Client(base_url=settings.url, headers=headers, timeout=settings.timeout_s)
 
 
@@ -274,7 +279,7 @@ def _push_with_progress(tenant: str, name: str, base: str, files: list[Path],
 
             def chunks() -> Iterator[bytes]:
                 for start in range(0, len(body), UPLOAD_CHUNK):
-                    piece = body[start:start + UPLOAD_CHUNK]
+                    piece = body[start : start + UPLOAD_CHUNK]
                     bar.advance(task, len(piece))
                     yield piece
 

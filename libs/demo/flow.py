@@ -165,15 +165,18 @@ def run(platform, log: Log) -> tuple[list[Answer], object | None]:
             log(f"{name}: adapter already trained on this dataset and passed the gate; not retrained")
         versions = asyncio.run(train_all(_nats_url(), datasets, skip, log))
         wait_for_verdicts(http, versions, log)
-    return asyncio.run(ask_and_watch(ends.gateway_url, keys, log))
+    registry = (ends.registry_url, {"Authorization": f"Bearer {admin}"})
+    return asyncio.run(ask_and_watch(ends.gateway_url, keys, log, registry))
 
 
-async def ask_and_watch(gateway_url: str, keys: dict[str, str], log: Log) -> tuple[list[Answer], object | None]:
+async def ask_and_watch(
+    gateway_url: str, keys: dict[str, str], log: Log, registry: tuple[str, dict[str, str]] | None = None
+) -> tuple[list[Answer], object | None]:
     """The mixed batch, and one `lpx top` snapshot of the fleet taken while it is in flight (None when the
-    view could not be read: the demo goes on without it)."""
+    view could not be read: the demo goes on without it); `registry` (URL, headers) names its adapters."""
     from libs.fleetview import FleetCollector
 
-    collector, snapshot = FleetCollector(_nats_url()), None
+    collector, snapshot = FleetCollector(_nats_url(), registry=registry), None
     batch = asyncio.ensure_future(ask_everyone(gateway_url, keys, log))
     try:
         await collector.start()

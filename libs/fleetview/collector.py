@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from libs.contracts import LimitReport, subjects
 from libs.fleetview import prometheus
+from libs.fleetview.names import AdapterNames
 from libs.fleetview.rates import BeatHistory, TenantTally
 from libs.fleetview.snapshot import FleetSnapshot, build_snapshot
 from libs.fleetview.sources import NatsLink, describe, read_heartbeats, read_streams, scrape
@@ -23,9 +24,12 @@ class FleetCollector:
         metrics_urls: Sequence[str] = (),
         hottest: int = 10,
         history_s: float = 10.0,
+        registry: tuple[str, dict[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.link = NatsLink(nats_url)
+        self.registry = registry  # (URL, headers): adapter names for the digests; None: digests only
+        self.names: AdapterNames | None = None
         self.metrics_urls = list(metrics_urls)
         self.hottest = hottest
         self.history = BeatHistory(history_s)
@@ -33,20 +37,26 @@ class FleetCollector:
         self._clock = clock
         self._scraped: dict[str, tuple[float, prometheus.Counts]] = {}  # url -> (when, counts) last scrape
         self._http = None
+        self._registry_http = None
         self._sub = None
 
     async def start(self, timeout_s: float = 3.0) -> None:
         """Connect and start listening to the gateways' limit reports. FleetUnreachable if NATS is not there."""
         await self.link.connect(timeout_s)
         self._sub = await self.link.nc.subscribe(subjects.GATEWAY_LIMITS_ALL, cb=self._on_report)
-        if self.metrics_urls:
-            import httpx
+        import httpx
 
+        if self.metrics_urls:
             self._http = httpx.AsyncClient(timeout=2.0)
+        if self.registry:
+            url, headers = self.registry
+            self._registry_http = httpx.AsyncClient(base_url=url, headers=headers, timeout=2.0)
+            self.names = AdapterNames(self._registry_http)
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
+        for http in (self._http, self._registry_http):
+            if http is not None:
+                await http.aclose()
         await self.link.close()
 
     async def _on_report(self, msg) -> None:
@@ -63,6 +73,7 @@ class FleetCollector:
             notes.append(f"{read.unreadable} heartbeat(s) this lpx cannot read (a worker of another version?)")
         streams = await read_streams(js)
         status_rates = await self._status_rates(notes)
+        names = await self.names.current(notes) if self.names is not None else None
         return build_snapshot(
             now=self._clock(),
             nats_url=self.link.url,
@@ -71,6 +82,7 @@ class FleetCollector:
             streams=streams,
             status_rates=status_rates,
             hottest=self.hottest,
+            names=names,
             notes=notes,
         )
 

@@ -124,7 +124,7 @@ def _adapters(snap: FleetSnapshot) -> RenderableType:
     table = _table("hottest adapters", "adapter", "req/s", "requests", "resident on (worker, tier, for)")
     table.columns[-1].justify = "left"
     for a in snap.adapters:
-        table.add_row(a.digest[:12], rate(a.req_s), str(a.requests), where_cell(a.placements, snap.taken_at))
+        table.add_row(a.name or a.digest[:12], rate(a.req_s), str(a.requests), where_cell(a.placements, snap.taken_at))
     return table
 
 

@@ -73,6 +73,7 @@ class AdapterRow:
     req_s: float | None  # None: no worker has two beats that count it
     requests: int  # counted by the workers that have it among their hottest, each since it started
     placements: tuple[Placement, ...]
+    name: str | None = None  # "tenant/adapter vN" when the registry names this digest's version
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def pool_rows(workers: Iterable[WorkerRow]) -> list[PoolRow]:
     return rows
 
 
-def hottest_adapters(pairs: Iterable[BeatPair], limit: int) -> list[AdapterRow]:
+def hottest_adapters(pairs: Iterable[BeatPair], limit: int, names: Mapping[str, str] | None = None) -> list[AdapterRow]:
     """The adapters the workers count most requests for per second (then most requests), with where
     each is resident. A worker counts an adapter's rate only when both of its beats name it: one that
     just entered a worker's hottest list has no earlier count to subtract."""
@@ -220,7 +221,8 @@ def hottest_adapters(pairs: Iterable[BeatPair], limit: int) -> list[AdapterRow]:
                     rates[digest] = rates.get(digest, 0.0) + rate
     ranked = sorted(requests, key=lambda d: (-rates.get(d, 0.0), -requests[d], d))[:limit]
     beats = [pair.newer for pair in pairs]
-    return [AdapterRow(d, rates.get(d), requests[d], tuple(placements(beats, d))) for d in ranked]
+    names = names or {}
+    return [AdapterRow(d, rates.get(d), requests[d], tuple(placements(beats, d)), names.get(d)) for d in ranked]
 
 
 def tenant_rows(window: TenantWindow, status_rates: Mapping[str, Mapping[str, float]]) -> list[TenantRow]:
@@ -243,6 +245,7 @@ def build_snapshot(
     streams: Iterable[StreamDepth] = (),
     status_rates: Mapping[str, Mapping[str, float]] | None = None,
     hottest: int = 10,
+    names: Mapping[str, str] | None = None,
     notes: Iterable[str] = (),
 ) -> FleetSnapshot:
     workers = sorted((worker_row(pair, now) for pair in pairs.values()), key=lambda w: (w.pool, w.worker_id))
@@ -251,7 +254,7 @@ def build_snapshot(
         nats_url=nats_url,
         workers=tuple(workers),
         pools=tuple(pool_rows(workers)),
-        adapters=tuple(hottest_adapters(pairs.values(), hottest)),
+        adapters=tuple(hottest_adapters(pairs.values(), hottest, names)),
         tenants=tuple(tenant_rows(tenants, status_rates or {})),
         gateways=tenants.gateways,
         streams=tuple(streams),

@@ -200,13 +200,14 @@ async def test_top_and_adapter_where_on_a_live_fleet(
     assert workers[serving]["generated_tokens"] > 0 and workers[serving]["tok_s"] > 0
     hot = next(a for a in snap["adapters"] if a["digest"] == tenant["digest"])
     assert hot["requests"] >= 2 and hot["req_s"] > 0
+    assert hot["name"] == f"{tenant['name']}/support v1"  # named by the registry
     assert any(p["worker_id"] == serving and p["tier"] == "gpu" for p in hot["placements"])
     assert "top-gw" in snap["gateways"]
     row = next(t for t in snap["tenants"] if t["tenant"] == tenant["name"])
     assert row["req_s"] > 0 and row["by_status"]["200"] > 0  # from the limit reports, and the gateway's metrics
     assert any(s["stream"] == "LPX_INFER" for s in snap["streams"])
     assert frame.returncode == 0, frame.stderr
-    for shown in (serving, fleet.spec.pool, tenant["digest"][:12], tenant["name"], "LPX_INFER"):
+    for shown in (serving, fleet.spec.pool, f"{tenant['name']}/support v1", "LPX_INFER"):
         assert shown in frame.stdout, (shown, frame.stdout)
     (tmp_path / "lpx_top_frame.txt").write_text(frame.stdout)  # kept for the README
 

@@ -67,6 +67,7 @@ def test_demo_runs_on_the_local_platform_and_leaves_it_running(demo, home):
     assert "the fleet during that batch" in demo and "no fleet view" not in demo
     frame = demo.split("the fleet during that batch", 1)[1]
     assert "gpu slots" in frame and "up-smollm2-135m-r16-1" in frame and "hottest adapters" in frame
+    assert any(f"{t.name}/{t.adapter} v" in frame for t in TENANTS), frame  # named by the registry
     ps = lpx(home, "ps").stdout
     for service in ("registry", "trainer", "eval-gate-smollm2-135m", "worker-smollm2-135m-r16-1", "gateway"):
         assert service in ps
