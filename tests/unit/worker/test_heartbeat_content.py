@@ -42,6 +42,22 @@ class FakeKV:
         self.values[key] = value
 
 
+def beating(tiers: FakeTiers, metrics=None, **settings) -> Heartbeater:
+    """A Heartbeater for a worker `w` with these tiers, writing to a FakeKV."""
+    limits = dict(pool="p", base_model="m", max_lora_rank=16, capacity=1, max_loras=1, max_cpu_loras=1)
+    worker = SimpleNamespace(
+        worker_id="w",
+        settings=SimpleNamespace(**{**limits, **settings}),
+        in_flight=0,
+        own_pending=0,
+        tiers=tiers,
+        metrics=metrics or WorkerMetrics.create(MeterProvider().get_meter("test")),
+    )
+    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
+    heartbeater.kv = FakeKV()
+    return heartbeater
+
+
 async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
     clock = iter([100.0, 102.0])
     monkeypatch.setattr("services.worker.heartbeat.time", SimpleNamespace(time=lambda: next(clock)))
@@ -80,39 +96,19 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
 
 
 async def test_a_beat_before_the_worker_consumes_counts_no_tokens():
-    settings = SimpleNamespace(pool="p", base_model="m", max_lora_rank=16, capacity=1, max_loras=1, max_cpu_loras=1)
-    worker = SimpleNamespace(
-        worker_id="w",
-        settings=settings,
-        in_flight=0,
-        own_pending=0,
-        tiers=FakeTiers(),
-        metrics=WorkerMetrics.create(MeterProvider().get_meter("test")),
-    )
-    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
-    heartbeater.kv = FakeKV()
+    heartbeater = beating(FakeTiers())
     await heartbeater.beat()
     assert WorkerHeartbeat.model_validate_json(heartbeater.kv.values["w"]).generated_tokens == 0
 
 
 async def test_a_worker_with_thousands_of_adapters_on_disk_beats_in_a_bounded_message():
     """A beat is one KV value (1 MiB at most): unbounded, 10,000 disk adapters with their since times
-    were ~1.6 MB and the worker would drop out of its pool. The disk list keeps its most recent; the
+    were ~1.5 MB and the worker would drop out of its pool. The disk list keeps its most recent; the
     count stays whole."""
-    settings = SimpleNamespace(pool="p", base_model="m", max_lora_rank=16, capacity=1, max_loras=4, max_cpu_loras=8)
     tiers = FakeTiers()
     on_disk = [f"{i:064x}" for i in range(10_000)]  # most recent first, as the disk cache lists them
     tiers.tiers = {GPU: [A], CPU: [B], DISK: on_disk}
-    worker = SimpleNamespace(
-        worker_id="w",
-        settings=settings,
-        in_flight=0,
-        own_pending=0,
-        tiers=tiers,
-        metrics=WorkerMetrics.create(MeterProvider().get_meter("test")),
-    )
-    heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
-    heartbeater.kv = FakeKV()
+    heartbeater = beating(tiers, max_loras=4, max_cpu_loras=8)
     await heartbeater.beat()
     raw = heartbeater.kv.values["w"]
     assert len(raw) < 128 * 1024, len(raw)
