@@ -1,7 +1,9 @@
-"""loraplex's Grafana dashboards as code: `python infra/grafana/build.py` writes dashboards/<uid>.json.
+"""loraplex's Grafana dashboards as code: `python infra/grafana/build.py` writes dashboards/<uid>.json,
+and the same files into the Helm chart (infra/k8s/loraplex/dashboards: Helm reads no file outside a chart).
 
-The JSON files are committed (Grafana provisions them from infra/grafana/provisioning) and must equal
-what this script writes: tests/integration/test_dashboards.py checks that, and that every metric a
+The JSON files are committed (Grafana provisions them from infra/grafana/provisioning, the chart ships them
+as ConfigMaps for Grafana's dashboard sidecar) and must equal what this script writes:
+tests/unit/test_dashboards.py checks that, tests/integration/test_dashboards.py that every metric a
 panel queries is really exported by a running service (or, for NATS, by prometheus-nats-exporter).
 
 Metric names are the Prometheus names of the services' OpenTelemetry instruments (services/*/metrics.py):
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards"
+CHART_OUT = Path(__file__).resolve().parents[1] / "k8s" / "loraplex" / "dashboards"  # byte-identical copies
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 RATE = "[$__rate_interval]"
 # Worker series without a pool label take it from lpx_worker_info (one series per worker process).
@@ -517,13 +520,14 @@ def build() -> dict[str, str]:
 
 
 def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
     files = build()
-    for name, text in files.items():
-        (OUT / name).write_text(text)
-    for stale in set(p.name for p in OUT.glob("*.json")) - set(files):
-        (OUT / stale).unlink()
-    print(f"wrote {len(files)} dashboards to {OUT}")
+    for out in (OUT, CHART_OUT):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+        for stale in set(p.name for p in out.glob("*.json")) - set(files):
+            (out / stale).unlink()
+        print(f"wrote {len(files)} dashboards to {out}")
     return 0
 
 

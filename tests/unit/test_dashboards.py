@@ -1,5 +1,6 @@
-"""The Grafana dashboards (infra/grafana) are well-formed and exactly what their generator writes.
-That every metric they query is exported is checked on running services: tests/integration/test_dashboards.py."""
+"""The Grafana dashboards (infra/grafana, and their copies in the Helm chart) are well-formed and exactly what
+their generator writes. That every metric they query is exported is checked on running services:
+tests/integration/test_dashboards.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from tests.promql import DASHBOARDS, SYNTHETIC, load_dashboards, load_generator,
 
 WANTED = {"loraplex-fleet", "loraplex-adapter-tiers", "loraplex-tenants", "loraplex-eval-trainer", "loraplex-nats"}
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}  # infra/grafana/provisioning/datasources
+# The chart's copies (Helm reads no file outside the chart): templates/monitoring.yaml makes ConfigMaps of them.
+CHART_DASHBOARDS = DASHBOARDS.parents[1] / "k8s" / "loraplex" / "dashboards"
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +19,13 @@ def boards() -> dict[str, dict]:
     return load_dashboards()
 
 
-def test_committed_json_is_what_the_generator_writes(boards):
+@pytest.mark.parametrize("folder", [DASHBOARDS, CHART_DASHBOARDS], ids=["grafana", "chart"])
+def test_committed_json_is_what_the_generator_writes(boards, folder):
     built = load_generator().build()
     assert set(built) == set(boards), "run: python infra/grafana/build.py"
+    assert {path.name for path in folder.glob("*.json")} == set(built), f"{folder}: run python infra/grafana/build.py"
     for name, text in built.items():
-        assert (DASHBOARDS / name).read_text() == text, f"{name} is stale: run python infra/grafana/build.py"
+        assert (folder / name).read_text() == text, f"{folder / name} is stale: run python infra/grafana/build.py"
 
 
 def test_one_dashboard_per_area_each_with_a_unique_uid(boards):

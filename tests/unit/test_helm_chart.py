@@ -34,6 +34,10 @@ TWO_POOLS = [
     '"replicas":3,"drainTimeoutS":90,"adapterCache":{"size":"10Gi"},"podDisruptionBudget":{"maxUnavailable":1},'
     '"autoscaling":{"keda":false}}]',
 ]
+MONITORING = [
+    "--set",
+    "monitoring.podMonitor.enabled=true,monitoring.podMonitor.labels.release=kps,monitoring.dashboards.enabled=true",
+]
 
 
 def render(*args: str) -> list[dict]:
@@ -77,13 +81,14 @@ def two_pool_docs() -> list[dict]:
 # --- the cluster would accept it -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["default", "two_pools", "no_autoscaling"])
+@pytest.mark.parametrize("variant", ["default", "two_pools", "no_autoscaling", "monitoring"])
 def test_every_object_validates_against_the_kubernetes_api_schemas(variant):
     import kubernetes_validate
 
     args = {
         "default": [],
         "two_pools": TWO_POOLS,
+        "monitoring": [*TWO_POOLS, *MONITORING],
         "no_autoscaling": [
             "--set",
             "gateway.autoscaling.enabled=false",
@@ -104,8 +109,8 @@ def test_every_object_validates_against_the_kubernetes_api_schemas(variant):
     docs = render(*args)
     checked = 0
     for doc in docs:
-        if doc["apiVersion"].startswith("keda.sh/"):
-            continue  # a CRD: checked below against KEDA's documented fields
+        if doc["apiVersion"].startswith(("keda.sh/", "monitoring.coreos.com/")):
+            continue  # CRDs: checked below against KEDA's and the Prometheus Operator's documented fields
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         checked += 1
     assert checked >= 12
@@ -305,6 +310,114 @@ def test_autoscaled_pools_scale_on_the_lag_of_the_consumer_the_workers_really_sh
     assert "lpx_worker_queue_depth" in prom["metadata"]["query"]
 
 
+# --- monitoring: a PodMonitor and the Grafana dashboards, for the Prometheus Operator ----------------
+
+# The Prometheus Operator's PodMonitor (monitoring.coreos.com/v1), the fields this chart sets, from the
+# operator's API reference; DURATION is the pattern its CRD validates a scrape interval with.
+DURATION = "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+POD_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "podMetricsEndpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "required": ["matchLabels"],
+                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["port"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "relabelings": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "sourceLabels": {"type": "array", "items": {"type": "string"}},
+                                        "targetLabel": {"type": "string"},
+                                        "replacement": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_monitoring_is_off_by_default(default_docs):
+    assert not by_kind(default_docs, "PodMonitor")
+    assert [doc["metadata"]["name"] for doc in by_kind(default_docs, "ConfigMap")] == ["lpx-loraplex-config"]
+
+
+@pytest.mark.parametrize("pools", [[], TWO_POOLS], ids=["default", "two_pools"])
+def test_the_pod_monitor_scrapes_the_metrics_port_of_every_service_pod(pools):
+    import jsonschema
+
+    docs = render(*pools, *MONITORING)
+    (monitor,) = by_kind(docs, "PodMonitor")
+    jsonschema.validate(monitor, POD_MONITOR_SCHEMA)
+    assert monitor["metadata"]["name"] == "lpx-loraplex"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("metrics", "/metrics", "15s")
+    # The dashboards' "Scrape targets down" panel counts up{job=~"loraplex-.*"}.
+    (job,) = endpoint["relabelings"]
+    assert job["targetLabel"] == "job" and job["replacement"].startswith("loraplex-")
+    assert job["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+    pods = by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
+    components = {doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] for doc in pods}
+    assert {"gateway", "registry", "trainer"} <= components
+    assert any(c.startswith("eval-gate-") for c in components) and any(c.startswith("worker-") for c in components)
+    if pools:
+        assert {"worker-llama-r16", "worker-llama-r64"} <= components
+    for doc in pods:
+        assert selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items(), doc["metadata"]["name"]
+        ports = [port["name"] for container in containers(doc) for port in container.get("ports", [])]
+        assert "metrics" in ports, doc["metadata"]["name"]
+
+
+def test_each_grafana_dashboard_is_a_configmap_for_the_sidecar():
+    docs = render(*MONITORING)
+    dashboards = [doc for doc in by_kind(docs, "ConfigMap") if doc["metadata"]["name"] != "lpx-loraplex-config"]
+    files = sorted((ROOT / "infra" / "grafana" / "dashboards").glob("*.json"))
+    assert len(files) == len(dashboards) == 5
+    shipped = {}
+    for doc in dashboards:
+        assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = doc["data"].items()
+        shipped[name] = text
+    assert set(shipped) == {path.name for path in files}
+    for path in files:
+        assert json.loads(shipped[path.name]) == json.loads(path.read_text()), path.name
+        assert shipped[path.name] == path.read_text(), f"{path.name}: not byte-identical"
+
+
+def test_dashboard_annotations_are_passed_through():
+    docs = render(*MONITORING, "--set", "monitoring.dashboards.annotations.grafana_folder=loraplex")
+    dashboards = [doc for doc in by_kind(docs, "ConfigMap") if "dashboard-" in doc["metadata"]["name"]]
+    assert dashboards and all(doc["metadata"]["annotations"] == {"grafana_folder": "loraplex"} for doc in dashboards)
+
+
 # --- gateway, registry, migrations -----------------------------------------------------------------
 
 
@@ -377,6 +490,7 @@ def test_nats_comes_from_the_official_chart_as_a_three_node_jetstream_cluster():
         (["--set-json", "workerPools=[]"], "workerPools"),
         (["--set", "secrets.create=true"], "secrets.values.adminToken is required when secrets.create is true"),
         (["--set-json", 'gateway.extraEnv={"lpx-bad":"1"}'], "gateway.extraEnv"),
+        (["--set", "monitoring.podMonitor.interval=15 seconds"], "monitoring.podMonitor.interval"),
     ],
 )
 def test_bad_values_are_refused_with_the_setting_named(args, message):

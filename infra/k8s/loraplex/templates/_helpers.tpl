@@ -13,9 +13,14 @@
 {{- printf "%s-%s" (include "loraplex.fullname" .root) .component | lower | replace "." "-" | replace "_" "-" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The labels every pod of the release carries, whatever its component (the PodMonitor selects by them). */}}
+{{- define "loraplex.releaseLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
 {{- define "loraplex.selectorLabels" -}}
-app.kubernetes.io/name: {{ .root.Chart.Name }}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{ include "loraplex.releaseLabels" .root }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
