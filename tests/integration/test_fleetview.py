@@ -221,6 +221,14 @@ async def test_top_and_adapter_where_on_a_live_fleet(
     table = lpx(env, "adapter", "where", f"{tenant['name']}/support")
     assert table.returncode == 0 and serving in table.stdout and "gpu" in table.stdout, table.stderr
 
+    # The registry away: the view goes on with digests and says why.
+    dead = f"http://127.0.0.1:{procs.free_port()}"
+    nameless = lpx({**env, "LPX_REGISTRY_URL": dead}, "top", "--once", "--json", "--window", "0.5")
+    assert nameless.returncode == 0, nameless.stderr
+    snap = json.loads(nameless.stdout)
+    assert next(a for a in snap["adapters"] if a["digest"] == tenant["digest"])["name"] is None
+    assert f"adapter names: registry at {dead} unreachable (connection refused) (digests shown)" in snap["notes"]
+
     # The live view on a terminal: frames every second until `q`.
     status, drawn = live_top(env, 3.0)
     assert status == 0, drawn[-2000:]
