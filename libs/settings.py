@@ -52,6 +52,8 @@ class ServiceSettings(BaseSettings):
     log_format: str = Field("console", description="console (human) or json (one object per line)")
     # Prometheus scrape port for this process; 0 disables the exporter.
     metrics_port: int = 0
+    # The address it listens on: every interface in a pod; `lpx up` keeps it on 127.0.0.1.
+    metrics_host: str = "0.0.0.0"
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
 
     @classmethod

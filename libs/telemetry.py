@@ -47,7 +47,9 @@ class Telemetry:
             self.metrics_server = None
 
 
-def setup_telemetry(service: str, *, metrics_port: int = 0, set_global: bool = True) -> Telemetry:
+def setup_telemetry(
+    service: str, *, metrics_port: int = 0, metrics_host: str = "0.0.0.0", set_global: bool = True
+) -> Telemetry:
     resource = Resource.create({"service.name": f"loraplex-{service}", "service.namespace": "loraplex"})
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
@@ -64,7 +66,7 @@ def setup_telemetry(service: str, *, metrics_port: int = 0, set_global: bool = T
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     server = None
     if metrics_port:
-        reader, server = _prometheus_reader(metrics_port)
+        reader, server = _prometheus_reader(metrics_host, metrics_port)
         readers.append(reader)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
 
@@ -75,11 +77,11 @@ def setup_telemetry(service: str, *, metrics_port: int = 0, set_global: bool = T
     return Telemetry(service, tracer_provider, meter_provider, metrics_port or None, server)
 
 
-def _prometheus_reader(port: int) -> tuple[MetricReader, object]:
+def _prometheus_reader(host: str, port: int) -> tuple[MetricReader, object]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(port, addr=os.environ.get("LPX_METRICS_ADDR", "0.0.0.0"))
+    server, _thread = start_http_server(port, addr=host)
     return PrometheusMetricReader(), server
 
 

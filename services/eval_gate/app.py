@@ -55,11 +55,12 @@ RETRY_DELAY_S = 5.0
 VERDICT_RETRY_S = 300.0
 
 
-
 class EvalGate:
     def __init__(self, settings: EvalGateSettings, *, engine=None, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.telemetry = telemetry or setup_telemetry(SERVICE, metrics_port=settings.metrics_port, set_global=False)
+        self.telemetry = telemetry or setup_telemetry(
+            SERVICE, metrics_port=settings.metrics_port, metrics_host=settings.metrics_host, set_global=False
+        )
         self.metrics = GateMetrics.create(self.telemetry.meter())
         self._own_engine = engine is None
         self.engine = engine or create_engine(self._engine_config())

@@ -53,7 +53,9 @@ class Prepared:
 class Gateway:
     def __init__(self, settings: GatewaySettings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.telemetry = telemetry or setup_telemetry("gateway", metrics_port=settings.metrics_port, set_global=False)
+        self.telemetry = telemetry or setup_telemetry(
+            "gateway", metrics_port=settings.metrics_port, metrics_host=settings.metrics_host, set_global=False
+        )
         self.tracer = self.telemetry.tracer("loraplex.gateway")
         self.metrics = GatewayMetrics.create(self.telemetry.meter("loraplex.gateway"))
         self.started = False

@@ -14,7 +14,7 @@ def main() -> None:
 
     settings = RegistrySettings.load()
     setup_logging("registry", settings.log_level, settings.log_format)
-    telemetry = setup_telemetry("registry", metrics_port=settings.metrics_port)
+    telemetry = setup_telemetry("registry", metrics_port=settings.metrics_port, metrics_host=settings.metrics_host)
     app = create_app(settings, telemetry=telemetry)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
 

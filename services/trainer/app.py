@@ -54,7 +54,9 @@ class JobFailed(Exception):
 class Trainer:
     def __init__(self, settings: TrainerSettings, *, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.telemetry = telemetry or setup_telemetry(SERVICE, metrics_port=settings.metrics_port, set_global=False)
+        self.telemetry = telemetry or setup_telemetry(
+            SERVICE, metrics_port=settings.metrics_port, metrics_host=settings.metrics_host, set_global=False
+        )
         self.metrics = TrainerMetrics.create(self.telemetry.meter())
         self.store = ObjectStore(settings.connections)
         self.registry = RegistryClient(settings.registry_url, settings.admin_secret(), settings.registry_timeout_s)

@@ -63,7 +63,9 @@ class Worker:
     def __init__(self, settings: WorkerSettings, *, engine=None, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
         self.worker_id = settings.worker_id
-        self.telemetry = telemetry or setup_telemetry("worker", metrics_port=settings.metrics_port, set_global=False)
+        self.telemetry = telemetry or setup_telemetry(
+            "worker", metrics_port=settings.metrics_port, metrics_host=settings.metrics_host, set_global=False
+        )
         self.metrics = WorkerMetrics.create(self.telemetry.meter())
         self.engine = engine or create_engine(self._engine_config())
         self.store = ObjectStore(settings.connections)

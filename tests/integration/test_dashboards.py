@@ -251,7 +251,11 @@ async def platform(stack, connections, base_model_path, tmp_path_factory):
     state = tmp_path_factory.mktemp("dashboards")
     ports = dict(zip(JOBS, procs.free_ports(len(JOBS)), strict=True))
     registry_port = procs.free_port()
-    loopback = {"LPX_METRICS_ADDR": "127.0.0.1", "LPX_ENV_FILE": str(stack.env_file)}
+    # Every service's metrics on loopback only (each reads its own LPX_<SERVICE>_METRICS_HOST).
+    loopback = {
+        "LPX_ENV_FILE": str(stack.env_file),
+        **{f"LPX_{svc}_METRICS_HOST": "127.0.0.1" for svc in ("REGISTRY", "GATEWAY", "WORKER", "TRAINER")},
+    }
     processes = Processes(state)
     fleet = Fleet(
         env_file=stack.env_file,
@@ -310,10 +314,9 @@ async def platform(stack, connections, base_model_path, tmp_path_factory):
                 deliver_policy="new",
                 work_dir=state / "gate",
                 metrics_port=ports["loraplex-eval-gate"],
+                metrics_host="127.0.0.1",
             )
-            with pytest.MonkeyPatch.context() as env:
-                env.setenv("LPX_METRICS_ADDR", "127.0.0.1")
-                gate = EvalGate(gate_settings, engine=engine)
+            gate = EvalGate(gate_settings, engine=engine)
             await gate.start()
             processes.start(
                 "trainer",

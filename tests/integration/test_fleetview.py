@@ -89,7 +89,7 @@ def gateway_metrics_port() -> int:
 async def fleet(stack, tmp_path_factory, gateway_metrics_port):
     spec = FleetSpec(pool=f"top-{uuid.uuid4().hex[:6]}", capacity=4, decode_tok_s=400.0, heartbeat_interval_s=0.5)
     made = Fleet(env_file=stack.env_file, state=tmp_path_factory.mktemp("top-fleet"), spec=spec)
-    metrics = {"LPX_GATEWAY_METRICS_PORT": str(gateway_metrics_port), "LPX_METRICS_ADDR": "127.0.0.1"}
+    metrics = {"LPX_GATEWAY_METRICS_PORT": str(gateway_metrics_port), "LPX_GATEWAY_METRICS_HOST": "127.0.0.1"}
     made.start_gateway("top-gw", metrics)
     for worker in WORKERS:
         made.start_worker(worker)

@@ -47,3 +47,21 @@ def test_the_metrics_endpoint_stops_with_the_telemetry():
         raise AssertionError("the metrics server still answers after shutdown")
     except httpx.TransportError:
         pass
+
+
+def test_the_metrics_endpoint_listens_where_its_settings_say():
+    """`metrics_host` (LPX_<SERVICE>_METRICS_HOST): every interface by default (a pod), loopback for `lpx up`."""
+    import socket
+
+    from libs.settings import ServiceSettings
+    from libs.telemetry import setup_telemetry
+
+    assert ServiceSettings(_env_file=None).metrics_host == "0.0.0.0"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = setup_telemetry("unit", metrics_port=port, metrics_host="127.0.0.1", set_global=False)
+    try:
+        assert telemetry.metrics_server.server_address[0] == "127.0.0.1"
+    finally:
+        telemetry.shutdown()
