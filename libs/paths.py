@@ -38,5 +38,5 @@ def up_dir() -> Path:
 
 
 def platform_env_file() -> Path:
-    """What `lpx up` writes for the CLI: the registry's URL and admin token, the gateway's URL."""
+    """What `lpx up` writes for the CLI: the registry's URL and admin token, the gateway's URL and metrics."""
     return up_dir() / "platform.env"

@@ -44,7 +44,10 @@ def top(
     window: float = typer.Option(1.0, "--window", min=0.1, help="--once: seconds between its two samples"),
     hottest: int = typer.Option(10, "--adapters", min=1, max=200, help="how many of the hottest adapters to show"),
     metrics: list[str] = typer.Option(
-        [], "--metrics", help="a gateway's Prometheus URL (repeatable): adds req/s per tenant and HTTP status"
+        [],
+        "--metrics",
+        help="a gateway's Prometheus URL (repeatable): adds req/s per tenant and HTTP status "
+        "(default: LPX_TOP_METRICS, a JSON list; `lpx up` writes its gateway's)",
     ),
     nats_url: str | None = typer.Option(None, "--nats", help="NATS URL (default: LPX_NATS_URL, the stack env file)"),
     names: bool = typer.Option(
@@ -66,6 +69,7 @@ def top(
     from libs.fleetview import FleetCollector, FleetUnreachable
 
     url = _nats_url(nats_url)
+    metrics = metrics or _default_metrics()
     collector = FleetCollector(url, metrics_urls=metrics, hottest=hottest, registry=_registry() if names else None)
     try:
         if once or as_json:
@@ -76,6 +80,21 @@ def top(
         _unreachable("lpx top", str(exc))
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a view without a terminal on stdin ends
+
+
+def _default_metrics() -> list[str]:
+    """LPX_TOP_METRICS from the environment, or the file `lpx up` writes for the CLI."""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    from libs.paths import platform_env_file
+
+    class TopSettings(BaseSettings):
+        model_config = SettingsConfigDict(env_prefix="LPX_TOP_", extra="ignore")
+
+        metrics: list[str] = []
+
+    env_file = platform_env_file()
+    return TopSettings(_env_file=env_file if env_file.is_file() else None).metrics
 
 
 def _registry() -> tuple[str, dict[str, str]]:

@@ -64,6 +64,7 @@ def up(
         f"\n[bold green]loraplex is up.[/bold green]\n"
         f"  gateway (OpenAI API):  {ends.gateway_url}/v1\n"
         f"  registry (admin API):  {ends.registry_url}\n"
+        f"  gateway metrics:       {ends.gateway_metrics_url or '-'}  (lpx top reads it)\n"
         f"  admin token:           {ends.admin_token_file}  (the CLI reads it from {ends.env_file})\n"
         f"  logs:                  {ends.logs}  (lpx logs SERVICE -f)\n\n"
         "Next:\n"

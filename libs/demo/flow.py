@@ -166,17 +166,24 @@ def run(platform, log: Log) -> tuple[list[Answer], object | None]:
         versions = asyncio.run(train_all(_nats_url(), datasets, skip, log))
         wait_for_verdicts(http, versions, log)
     registry = (ends.registry_url, {"Authorization": f"Bearer {admin}"})
-    return asyncio.run(ask_and_watch(ends.gateway_url, keys, log, registry))
+    metrics = [ends.gateway_metrics_url] if ends.gateway_metrics_url else []
+    return asyncio.run(ask_and_watch(ends.gateway_url, keys, log, registry, metrics))
 
 
 async def ask_and_watch(
-    gateway_url: str, keys: dict[str, str], log: Log, registry: tuple[str, dict[str, str]] | None = None
+    gateway_url: str,
+    keys: dict[str, str],
+    log: Log,
+    registry: tuple[str, dict[str, str]] | None = None,
+    metrics: list[str] | None = None,
 ) -> tuple[list[Answer], object | None]:
     """The mixed batch, and one `lpx top` snapshot of the fleet taken while it is in flight (None when the
-    view could not be read: the demo goes on without it); `registry` (URL, headers) names its adapters."""
+    view could not be read: the demo goes on without it); `registry` (URL, headers) names its adapters,
+    `metrics` (the gateway's Prometheus URLs) adds each tenant's HTTP statuses."""
     from libs.fleetview import FleetCollector
 
-    collector, snapshot = FleetCollector(_nats_url(), registry=registry), None
+    collector = FleetCollector(_nats_url(), registry=registry, metrics_urls=metrics or [])
+    snapshot = None
     batch = asyncio.ensure_future(ask_everyone(gateway_url, keys, log))
     try:
         await collector.start()

@@ -102,6 +102,7 @@ def build(
     admin_token: str,
     env_file: Path,
     state: Path,
+    gateway_metrics_port: int = 0,
 ) -> list[ServiceSpec]:
     common = {
         "LPX_ENV_FILE": str(env_file),
@@ -114,7 +115,7 @@ def build(
     for base in bases:
         specs.append(eval_gate(common, base, state))
         specs.extend(worker(common, base, i, state) for i in range(1, workers + 1))
-    specs.append(gateway(common, gateway_port, bases))
+    specs.append(gateway(common, gateway_port, bases, gateway_metrics_port))
     return specs
 
 
@@ -161,13 +162,15 @@ def worker(common: dict, base: str, index: int, state: Path) -> ServiceSpec:
     )
 
 
-def gateway(common: dict, port: int, bases: list[str]) -> ServiceSpec:
+def gateway(common: dict, port: int, bases: list[str], metrics_port: int = 0) -> ServiceSpec:
     env = {
         "LPX_GATEWAY_HOST": "127.0.0.1",
         "LPX_GATEWAY_PORT": str(port),
         "LPX_GATEWAY_GATEWAY_ID": "up-gateway",
         "LPX_GATEWAY_BASE_MODELS": json.dumps(bases),
     }
+    if metrics_port:  # per-tenant HTTP status counts for `lpx top`, on loopback only
+        env |= {"LPX_GATEWAY_METRICS_PORT": str(metrics_port), "LPX_GATEWAY_METRICS_HOST": "127.0.0.1"}
     return ServiceSpec(
         "gateway", "services.gateway", {**common, **env}, stage=2, port=port, health="http:/readyz", stop_wait_s=45
     )

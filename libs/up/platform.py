@@ -56,6 +56,7 @@ class Endpoints:
     admin_token_file: Path
     env_file: Path
     logs: Path
+    gateway_metrics_url: str | None = None  # the gateway's Prometheus endpoint (`lpx top` reads it)
 
 
 class LocalPlatform:
@@ -120,6 +121,7 @@ class LocalPlatform:
         ports = {
             "registry": self._port("registry", self.settings.registry_port, record, fresh),
             "gateway": self._port("gateway", self.settings.gateway_port, record, fresh),
+            "gateway_metrics": self._port("gateway_metrics", self.settings.gateway_metrics_port, record, fresh),
         }
         self.state.mkdir(parents=True, exist_ok=True)
         record.update(
@@ -134,6 +136,7 @@ class LocalPlatform:
             admin_token=self._admin_token(),
             env_file=stack_env_file(),
             state=self.state,
+            gateway_metrics_port=ports["gateway_metrics"],
         )
 
     def _running(self) -> Running:
@@ -149,8 +152,8 @@ class LocalPlatform:
         if check and not _port_free(port):
             variable = f"LPX_UP_{service.upper()}_PORT"
             raise PlanError(
-                f"port {port} for the {service} is taken by another process: stop it, or set {variable} "
-                f"to a free port (`lpx down --purge` forgets the ports chosen before)"
+                f"port {port} for the {service.replace('_', ' ')} is taken by another process: stop it, or set "
+                f"{variable} to a free port (`lpx down --purge` forgets the ports chosen before)"
             )
         return port
 
@@ -181,6 +184,7 @@ class LocalPlatform:
             f"LPX_REGISTRY_URL={ends.registry_url}\n"
             f"LPX_REGISTRY_ADMIN_TOKEN={self._admin_token()}\n"
             f"LPX_GATEWAY_URL={ends.gateway_url}\n"
+            + (f"LPX_TOP_METRICS={json.dumps([ends.gateway_metrics_url])}\n" if ends.gateway_metrics_url else "")
         )
 
     def _start_in_order(self, specs: list[ServiceSpec], on_event: Log) -> None:
@@ -315,9 +319,11 @@ class LocalPlatform:
     # --- state ---------------------------------------------------------------------------------
     def endpoints(self) -> Endpoints:
         ports = self._record().get("ports", {})
+        metrics = ports.get("gateway_metrics")  # absent in a platform record from before it had one
         return Endpoints(
             gateway_url=f"http://127.0.0.1:{ports.get('gateway')}",
             registry_url=f"http://127.0.0.1:{ports.get('registry')}",
+            gateway_metrics_url=f"http://127.0.0.1:{metrics}/metrics" if metrics else None,
             admin_token_file=self.token_file,
             env_file=platform_env_file(),
             logs=self.supervisor.logs,

@@ -12,6 +12,8 @@ class UpSettings(BaseSettings):
     # 0: a free port, chosen on the first `lpx up` and kept (the URLs printed stay valid).
     gateway_port: int = Field(0, ge=0, le=65535)
     registry_port: int = Field(0, ge=0, le=65535)
+    # The gateway's Prometheus metrics (on 127.0.0.1; `lpx top` reads per-status rates from it). 0: as above.
+    gateway_metrics_port: int = Field(0, ge=0, le=65535)
     # Workers per pool; None: what fits the machine (cores and memory, see `worker_memory_gib`).
     workers: int | None = Field(None, ge=1)
     # Host memory one vLLM CPU worker takes (weights, 1 GiB KV cache, the engine process): sizing only.

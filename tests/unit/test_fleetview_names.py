@@ -58,3 +58,17 @@ def test_the_frame_shows_a_name_where_the_registry_gives_one_and_the_digest_else
     assert "acme/support v3" in text and HOT[:12] not in text
     assert WARM[:12] in text  # an adapter the registry does not name (an older version, say)
     assert snapshot(names={HOT: "acme/support v3"}).to_json()["adapters"][0]["name"] == "acme/support v3"
+
+
+def test_top_reads_the_gateway_metrics_lpx_up_wrote_and_the_environment_wins(tmp_path, monkeypatch):
+    from libs.cli.fleetview_cmds import _default_metrics
+    from libs.paths import platform_env_file
+
+    monkeypatch.setenv("LPX_HOME", str(tmp_path))
+    monkeypatch.delenv("LPX_TOP_METRICS", raising=False)
+    assert _default_metrics() == []  # no platform, nothing set
+    platform_env_file().parent.mkdir(parents=True, exist_ok=True)
+    platform_env_file().write_text('LPX_TOP_METRICS=["http://127.0.0.1:9999/metrics"]\n')
+    assert _default_metrics() == ["http://127.0.0.1:9999/metrics"]
+    monkeypatch.setenv("LPX_TOP_METRICS", '["http://gw:9464/metrics"]')
+    assert _default_metrics() == ["http://gw:9464/metrics"]

@@ -23,6 +23,7 @@ def build(tmp_path, bases=("smollm2-135m",), workers=2):
         admin_token="tok",
         env_file=tmp_path / "stack.env",
         state=tmp_path,
+        gateway_metrics_port=9464,
     )
 
 
@@ -63,6 +64,8 @@ def test_every_variable_is_a_setting_of_its_service_and_parses(tmp_path, monkeyp
         cls(_env_file=None)
     gateway = build(tmp_path)[-1]
     assert json.loads(gateway.env["LPX_GATEWAY_BASE_MODELS"]) == ["smollm2-135m"]
+    # Its metrics for `lpx top`, on loopback only.
+    assert (gateway.env["LPX_GATEWAY_METRICS_PORT"], gateway.env["LPX_GATEWAY_METRICS_HOST"]) == ("9464", "127.0.0.1")
 
 
 def test_workers_default_to_what_fits_and_a_request_that_does_not_fit_is_refused(monkeypatch):

@@ -82,6 +82,21 @@ def test_a_second_lpx_up_reports_what_is_already_running(demo, home):
     assert "gateway: already running" in done.stderr
 
 
+def test_lpx_top_on_the_local_platform_names_adapters_and_reads_the_gateways_metrics(demo, home):
+    """With nothing set beyond LPX_HOME: `lpx top` finds the registry (names) and the gateway's metrics
+    (per-status rates) in the file `lpx up` wrote; the metrics URL is a loopback one."""
+    import httpx
+
+    env_file = (home / "up" / "platform.env").read_text()
+    metrics_url = json.loads(env_file.split("LPX_TOP_METRICS=", 1)[1].splitlines()[0])[0]
+    assert metrics_url.startswith("http://127.0.0.1:")
+    assert "lpx_gateway_requests_total{" in httpx.get(metrics_url, timeout=10).text  # the demo's requests
+    snap = json.loads(lpx(home, "top", "--once", "--json", "--window", "0.5").stdout)
+    assert not [note for note in snap["notes"] if note.startswith(("metrics", "adapter names"))], snap["notes"]
+    names = {a["name"] for a in snap["adapters"]}
+    assert any(f"{t.name}/{t.adapter} v1" in names for t in TENANTS), names
+
+
 @pytest.fixture(scope="module")
 def own_adapter(demo, home, base_model_path: Path, tmp_path_factory) -> tuple[str, str]:
     """A tenant of our own, its dataset, and an adapter trained on it with peft outside loraplex's trainer,
