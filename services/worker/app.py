@@ -143,7 +143,7 @@ class Worker:
         self._stopping.set()
         for loop in self._loops:
             loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await _bounded(asyncio.gather(*self._loops, return_exceptions=True), 10, "pull loops")
         log.debug("drain: pulling stopped", extra={"worker": self.worker_id})
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.drain_timeout_s)
@@ -281,10 +281,19 @@ class Worker:
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> bool:
-    """Run one drain step with a time limit: a stuck step must not keep the worker from exiting."""
-    try:
-        await asyncio.wait_for(awaitable, timeout_s)
-        return True
-    except Exception as exc:  # noqa: BLE001 - logged; the drain goes on
-        log.warning("drain step %s did not finish cleanly: %s", what, type(exc).__name__)
+    """Run one drain step with a time limit: a stuck step must not keep the worker from exiting.
+
+    Not `asyncio.wait_for`: on timeout it cancels the step and then waits for the step to end, for ever
+    when the step swallows the cancellation (nats-py's close and unsubscribe can). Here a step still
+    running at the limit is cancelled and left behind."""
+    step = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({step}, timeout=timeout_s)
+    if not done:
+        step.cancel()
+        log.warning("drain step %s did not finish within %.0fs; left behind", what, timeout_s)
         return False
+    if step.cancelled() or step.exception() is not None:
+        why = "cancelled" if step.cancelled() else type(step.exception()).__name__
+        log.warning("drain step %s did not finish cleanly: %s", what, why)
+        return False
+    return True
