@@ -122,9 +122,12 @@ class BrokerLink:
         streams: Sequence[StreamSpec] = subjects.STREAMS,
         buckets: Sequence[KeyValueConfig] = (),
         reconnect_wait_s: float = 0.5,
+        role: str | None = None,
     ) -> None:
         self.connections = connections
         self.name = name
+        # The NATS user it connects as (libs/natsauth/permissions.py); the name's first word by default.
+        self.role = role or name
         self.streams = tuple(streams)
         self.buckets = list(buckets)
         self.consumers: list[tuple[str, object]] = []  # (stream, ConsumerConfig) of durable consumers
@@ -156,6 +159,7 @@ class BrokerLink:
         """nats-py connection options for a client this link does not create itself (the registry's
         FastStream broker): reconnect for ever and report state here. Then `attach` the connection."""
         return dict(
+            **self.connections.nats_auth(self.role),
             max_reconnect_attempts=-1,
             reconnect_time_wait=self.reconnect_wait_s,
             error_cb=self._on_error,
@@ -168,6 +172,7 @@ class BrokerLink:
         """Adopt a connection made with `callbacks()` and provision what the service needs."""
         self.nc = nc
         self.js = nc.jetstream()
+        refuse_open_broker(nc, self.connections, self.name)
         await self._provision_patiently()
 
     @property
@@ -193,6 +198,7 @@ class BrokerLink:
                 )
         self.js = self.nc.jetstream()
         self.state.ok()
+        refuse_open_broker(self.nc, self.connections, self.name)
         await self._provision_patiently()
         log.info("connected to NATS", extra={"service": self.name, "url": _netloc(self.nc)})
         return self.nc
@@ -293,6 +299,24 @@ class BrokerLink:
                 await hook()
             except Exception:  # noqa: BLE001 - one hook failing must not stop the others
                 log.exception("on_back hook failed")
+
+
+class OpenBrokerRefused(RuntimeError):
+    """The broker lets anyone connect without credentials: any client could read every tenant's
+    answers and forge work. Refused unless LPX_NATS_ALLOW_OPEN says this is intended."""
+
+
+def refuse_open_broker(nc, connections: ConnectionSettings, name: str) -> None:
+    """The server says in its INFO whether it requires authentication; without it, refuse to start."""
+    info = getattr(nc, "_server_info", None) or {}
+    if info.get("auth_required") or connections.nats_allow_open:
+        return
+    raise OpenBrokerRefused(
+        f"{name}: the NATS server at {_netloc(nc)} accepts connections without credentials, so any client could "
+        "read every tenant's results and publish work as anyone. Configure its authorization (README: NATS "
+        "authorization; `lpx nats config` prints the accounts block) and give this service its user "
+        "(LPX_NATS_USER, LPX_NATS_PASSWORD), or set LPX_NATS_ALLOW_OPEN=true to run on an open broker knowingly."
+    )
 
 
 def _connect_failure(exc: BaseException) -> bool:

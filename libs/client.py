@@ -1,6 +1,6 @@
 """A small Python client for async submission over NATS (batch and event-driven callers).
 
-    async with LoraplexClient(nats_url, api_key=key) as client:
+    async with LoraplexClient(nats_url, api_key=key, nats_credential=creds) as client:
         rid = await client.submit("support", messages=[{"role": "user", "content": "Hi"}])
         result = await client.result(rid, timeout=60)          # an InferenceResult (ok or error)
         async for event in client.stream(rid): ...              # str deltas, then the InferenceResult
@@ -8,6 +8,11 @@
 `submit` publishes a SubmitRequest to the durable submission stream with Nats-Msg-Id = request id, so
 resubmitting the same id (retries after a timeout, at-least-once producers) never generates twice.
 Results are read from the RESULTS stream, where they are kept for its retention (24 h by default).
+
+The broker requires a credential. A tenant's NATS credential (`lpx tenant nats-creds TENANT`) lets
+this client publish the tenant's submissions on `lpx.submit.<tenant>` and read its own results and
+token deltas, nothing else: every subject it uses is scoped to the tenant its keys name. Services
+and operator tools may pass `user`/`password` of a service account instead.
 For streaming, call `stream()` before the request starts generating: `submit(..., stream=True)` and
 then `stream(rid)` right away, or give your own `request_id` and start `stream()` first.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -37,12 +43,39 @@ from libs.contracts import (
 from libs.settings import nats_servers
 
 
+# Both kinds of tenant secret name their tenant: lpx_<tenant>_... (API key), lpxn_<tenant>_... (NATS).
+_TENANT_OF_SECRET = re.compile(r"lpxn?_(?P<tenant>[a-z0-9][a-z0-9-]{0,62})_[0-9a-f]{16}_[0-9a-f]{64}")
+
+
+def tenant_of(secret: str | None) -> str | None:
+    """The tenant an API key or NATS credential belongs to (None for anything else)."""
+    match = _TENANT_OF_SECRET.fullmatch(secret or "")
+    return match["tenant"] if match else None
+
+
 class LoraplexClient:
-    def __init__(self, nats_url: str, api_key: str | None = None, *, nc=None) -> None:
+    def __init__(self, nats_url: str, api_key: str | None = None, *, nats_credential: str | None = None,
+                 tenant: str | None = None, user: str | None = None, password: str | None = None,
+                 nc=None) -> None:  # fmt: skip
         self.nats_url = nats_url
         self.api_key = api_key
+        self.nats_credential = nats_credential
+        self.tenant = tenant or tenant_of(nats_credential) or tenant_of(api_key)
+        if nats_credential and tenant_of(nats_credential) != self.tenant:
+            raise ValueError(f"the NATS credential is not tenant {self.tenant!r}'s")
+        self.user, self.password = user, password
         self._nc = nc
         self._own = nc is None
+
+    def _auth(self) -> dict:
+        """Connection options: a tenant's credential (user = tenant, its own inbox prefix, which its
+        permissions allow), or a service account's user and password."""
+        if self.nats_credential:
+            return dict(user=self.tenant, password=self.nats_credential,
+                        inbox_prefix=subjects.tenant_inbox_prefix(self.tenant).encode())  # fmt: skip
+        if self.user:
+            return dict(user=self.user, password=self.password)
+        return {}
 
     async def connect(self) -> LoraplexClient:
         if self._nc is None:
@@ -51,10 +84,16 @@ class LoraplexClient:
                 name="lpx-client",
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
+                **self._auth(),
                 **quiet_callbacks("NATS (lpx client)"),
             )
         self._js = self._nc.jetstream()
         return self
+
+    def _tenant(self) -> str:
+        if not self.tenant:
+            raise ValueError("the tenant is not known: pass an API key or NATS credential (they name it) or tenant=")
+        return self.tenant
 
     async def close(self) -> None:
         if self._nc is not None and self._own:
@@ -98,6 +137,7 @@ class LoraplexClient:
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
+        tenant = self._tenant()
         request = SubmitRequest(
             request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
@@ -105,14 +145,16 @@ class LoraplexClient:
                                     seed=seed, logprobs=logprobs, structured=_structured(json_schema)),
             stream=stream, timeout_s=timeout_s, tier=tier,
         )  # fmt: skip
-        await publish_retrying(self.js, subjects.SUBMIT, request.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": request.request_id}, stream=subjects.SUBMIT_STREAM,
-                               give_up_at=time.time() + publish_retry_s)  # fmt: skip
+        await publish_retrying(self.js, subjects.submit(tenant), request.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": f"{tenant}-{request.request_id}"},
+                               stream=subjects.SUBMIT_STREAM, give_up_at=time.time() + publish_retry_s)  # fmt: skip
         return request.request_id
 
     async def stored_result(self, request_id: str) -> InferenceResult | None:
+        """The stored result, read by a direct get scoped to this tenant's result subjects."""
+        subject = subjects.tenant_results(self._tenant(), request_id)
         try:
-            msg = await self.js.get_last_msg(subjects.RESULTS_STREAM, subjects.results(request_id))
+            msg = await self.js.get_last_msg(subjects.RESULTS_STREAM, subject, direct=True)
         except NotFoundError:
             return None
         return InferenceResult.model_validate_json(msg.data)
@@ -124,7 +166,7 @@ class LoraplexClient:
         async def on_result(msg) -> None:
             arrived.put_nowait(msg.data)
 
-        sub = await self._nc.subscribe(subjects.results(request_id), cb=on_result)
+        sub = await self._nc.subscribe(subjects.tenant_results(self._tenant(), request_id), cb=on_result)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -156,8 +198,9 @@ class LoraplexClient:
         async def on_result(msg) -> None:
             events.put_nowait(("result", msg.data))
 
-        subs = [await self._nc.subscribe(subjects.tokens(request_id), cb=on_token),
-                await self._nc.subscribe(subjects.results(request_id), cb=on_result)]  # fmt: skip
+        tenant = self._tenant()
+        subs = [await self._nc.subscribe(subjects.tenant_tokens(tenant, request_id), cb=on_token),
+                await self._nc.subscribe(subjects.tenant_results(tenant, request_id), cb=on_result)]  # fmt: skip
         try:
             stored = await self.stored_result(request_id)
             if stored is not None:

@@ -34,6 +34,7 @@ def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
         max_age=spec.max_age_s or None,
         duplicate_window=spec.duplicate_window_s,
         num_replicas=replicas,
+        allow_direct=spec.allow_direct or None,
     )
 
 
@@ -82,9 +83,11 @@ async def ensure_streams_on(js, specs: Iterable[StreamSpec] = subjects.STREAMS, 
                                        f"(replicas={replicas}): {exc.description or exc}") from exc  # fmt: skip
 
 
-async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1) -> None:
+async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1,
+                         auth: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """`ensure_streams_on` over a short-lived connection of its own (the stack launcher, tools)."""
-    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5, max_reconnect_attempts=3)
+    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5, max_reconnect_attempts=3,
+                            **(auth or {}))  # fmt: skip
     try:
         await ensure_streams_on(nc.jetstream(), specs, replicas=replicas)
     finally:
@@ -118,6 +121,10 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     # FastStream logs "Received"/"Processed" for every message at this level: DEBUG, or the registry's
     # log would carry two lines per answered request (usage metering reads every result).
     kwargs.setdefault("log_level", logging.DEBUG)
+    if "user" in kwargs:  # the service's NATS user (BrokerLink.callbacks): FastStream takes it as security
+        from faststream.security import SASLPlaintext
+
+        kwargs["security"] = SASLPlaintext(username=kwargs.pop("user"), password=kwargs.pop("password"))
     return NatsBroker(nats_servers(nats_url), middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 

@@ -26,6 +26,15 @@ class ConnectionSettings(BaseSettings):
     # Replicas of every stream and KV bucket: 1 on a single node, 3 on a 3-node cluster (R3: an
     # acknowledged message survives the loss of any one node).
     nats_replicas: int = Field(1, ge=1, le=5)
+    # NATS credentials. A deployed process gets its own service user (LPX_NATS_USER/LPX_NATS_PASSWORD);
+    # the local stack's env file lists the password of every service user instead (LPX_NATS_PASSWORDS,
+    # JSON {user: password}), and each process picks its own role's (see `nats_auth`).
+    nats_user: str | None = None
+    nats_password: str | None = Field(None, repr=False)
+    nats_passwords: dict[str, str] = Field(default_factory=dict, repr=False)
+    # A broker that lets anyone connect without credentials is refused at start unless this is set
+    # (a test's private nats-server; never in production: see README "NATS authorization").
+    nats_allow_open: bool = False
     pg_dsn: str = "postgresql+asyncpg://loraplex:loraplex@127.0.0.1:5432/loraplex"
     s3_endpoint: str = "127.0.0.1:9000"
     s3_access_key: str = "loraplex"
@@ -37,6 +46,16 @@ class ConnectionSettings(BaseSettings):
     @property
     def nats_servers(self) -> list[str]:
         return nats_servers(self.nats_url)
+
+    def nats_auth(self, role: str) -> dict[str, str]:
+        """nats-py connect options for a process acting as `role` (a service user: gateway, worker,
+        registry, eval-gate, trainer; admin for operator tools): an explicit LPX_NATS_USER wins, then
+        the stack's password for that role; none on an open broker."""
+        if self.nats_user:
+            return {"user": self.nats_user, "password": self.nats_password or ""}
+        if role in self.nats_passwords:
+            return {"user": role, "password": self.nats_passwords[role]}
+        return {}
 
     @classmethod
     def load(cls, env_file: Path | None = None) -> Self:

@@ -34,7 +34,19 @@ def stack():
 
 @pytest.fixture(scope="session")
 def connections(stack) -> ConnectionSettings:
-    return ConnectionSettings.load(stack.env_file)
+    """The stack's settings, its NATS URLs carrying the operator's user: a test's own connections
+    (observers, fault injectors) act as the operator. A service built from these settings still connects
+    as its own user: nats-py prefers the explicit user and password `nats_auth(role)` gives it."""
+    return operator_view(ConnectionSettings.load(stack.env_file))
+
+
+def operator_view(conn: ConnectionSettings) -> ConnectionSettings:
+    admin = conn.nats_auth("admin")
+    if not admin:
+        return conn
+    creds = f"{admin['user']}:{admin['password']}@"
+    urls = ",".join(url.replace("://", "://" + creds, 1) for url in conn.nats_servers)
+    return conn.model_copy(update={"nats_url": urls})
 
 
 @pytest.fixture(scope="session")

@@ -156,11 +156,23 @@ def tenant_limits(
 
 @tenant_app.command("keys")
 def tenant_keys(name: str) -> None:
-    """A tenant's API keys (ids only: the secrets are never stored)."""
-    table = Table("key id", "created", "revoked")
+    """A tenant's API keys and NATS credentials (ids only: the secrets are never stored)."""
+    table = Table("key id", "kind", "created", "revoked", "last connected")
     for row in _call("GET", f"/v1/tenants/{name}/keys"):
-        table.add_row(row["key_id"], row["created_at"][:19], (row["revoked_at"] or "-")[:19])
+        table.add_row(row["key_id"], row.get("kind", "inference"), row["created_at"][:19],
+                      (row["revoked_at"] or "-")[:19], (row.get("last_used_at") or "-")[:19])  # fmt: skip
     out.print(table)
+
+
+@tenant_app.command("nats-creds")
+def tenant_nats_creds(name: str) -> None:
+    """Issue a NATS credential for the tenant's async client (libs/client.py): it may publish the tenant's
+    submissions and read its own results, nothing else. Printed once; revoke it with `revoke-key`."""
+    created = _call("POST", f"/v1/tenants/{name}/nats-credentials")
+    err.print(f"NATS credential {created['key_id']} for [bold]{name}[/bold] (store it now, it is not shown again). "
+              f"Connect to {created['nats_url']} as user {created['nats_user']!r}, or pass it to "
+              "LoraplexClient(url, api_key=KEY, nats_credential=CRED):")  # fmt: skip
+    typer.echo(created["credential"])
 
 
 @tenant_app.command("revoke-key")
@@ -168,7 +180,8 @@ def tenant_revoke_key(
     name: str,
     key_id: str = typer.Argument(..., help="from `lpx tenant keys` (the part of the key after the tenant)"),
 ) -> None:
-    """Revoke an API key: every gateway refuses it within about a second."""
+    """Revoke an API key (every gateway refuses it within about a second) or a NATS credential (its
+    connections are cut and it cannot connect again)."""
     row = _call("POST", f"/v1/tenants/{name}/keys/{key_id}/revoke")
     out.print(f"key {row['key_id']} of {name} revoked at {row['revoked_at'][:19]}")
 

@@ -74,7 +74,8 @@ async def _submit_and_follow(job):
     from libs.contracts import TrainProgress, subjects
     from libs.settings import ConnectionSettings
 
-    nc = await nats.connect(ConnectionSettings.load().nats_url)
+    conn = ConnectionSettings.load()
+    nc = await nats.connect(conn.nats_servers, **conn.nats_auth("admin"))
     try:
         js = nc.jetstream()
         sub = await js.subscribe(subjects.train_progress(job.job_id), ordered_consumer=True,

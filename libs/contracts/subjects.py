@@ -16,9 +16,11 @@ PREFIX = "lpx"
 INFER_STREAM = "LPX_INFER"
 INFER_ALL = f"{PREFIX}.infer.>"
 
-# Async submission (callers -> gateway) and results kept for a while (gateway -> callers).
+# Async submission (callers -> gateway) and results kept for a while (gateway -> callers). A tenant
+# publishes on its own `lpx.submit.<tenant>` (the broker lets its credential publish nowhere else) and
+# reads its answers under `lpx.results.t.<tenant>.>` / `lpx.tokens.t.<tenant>.>`.
 SUBMIT_STREAM = "LPX_SUBMIT"
-SUBMIT = f"{PREFIX}.submit"
+SUBMIT_ALL = f"{PREFIX}.submit.>"
 RESULTS_STREAM = "LPX_RESULTS"
 RESULTS_ALL = f"{PREFIX}.results.>"
 # Token deltas are ephemeral (core NATS, not stored): a stream consumer that misses them still
@@ -124,6 +126,48 @@ def prewarm(pool: str) -> str:
     return f"{PREFIX}.control.{token(pool)}.prewarm"
 
 
+def submit(tenant: str) -> str:
+    """Where `tenant` submits async work (a tenant credential may publish here and nowhere else)."""
+    return f"{PREFIX}.submit.{token(tenant)}"
+
+
+def submitter_of(subject: str) -> str | None:
+    """The tenant a submission subject names, or None for a subject of another shape."""
+    parts = subject.split(".")
+    if len(parts) != 3 or parts[:2] != [PREFIX, "submit"] or not _TOKEN_OK.fullmatch(parts[2]):
+        return None
+    return parts[2]
+
+
+def tenant_results(tenant: str, request_id: str) -> str:
+    """A submission's checked result, readable by its tenant only (stored in the RESULTS stream)."""
+    return f"{PREFIX}.results.t.{token(tenant)}.{token(request_id)}"
+
+
+def tenant_results_filter(tenant: str) -> str:
+    return f"{PREFIX}.results.t.{token(tenant)}.>"
+
+
+def tenant_tokens(tenant: str, request_id: str) -> str:
+    return f"{PREFIX}.tokens.t.{token(tenant)}.{token(request_id)}"
+
+
+def tenant_tokens_filter(tenant: str) -> str:
+    return f"{PREFIX}.tokens.t.{token(tenant)}.>"
+
+
+def tenant_inbox_prefix(tenant: str) -> str:
+    """The reply-inbox prefix of a tenant's connection (JetStream publish acks, direct gets): its
+    credential may subscribe under this prefix only, never to other clients' inboxes."""
+    return f"_INBOX.lpx-t.{token(tenant)}"
+
+
+def direct_get_last(stream: str, subject: str) -> str:
+    """JetStream's direct-get API subject for the last message on `subject` (streams with
+    allow_direct): permissions can scope it to a subject prefix, unlike STREAM.MSG.GET."""
+    return f"$JS.API.DIRECT.GET.{stream}.{subject}"
+
+
 def results(request_id: str) -> str:
     return f"{PREFIX}.results.{token(request_id)}"
 
@@ -194,12 +238,14 @@ class StreamSpec:
     duplicate_window_s: float = 120  # Nats-Msg-Id de-duplication window
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False)
+    allow_direct: bool = False  # direct gets (a tenant reads its stored results through them)
 
 
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(INFER_STREAM, (INFER_ALL,), retention="workqueue", description="routed inference work"),
-    StreamSpec(SUBMIT_STREAM, (SUBMIT,), retention="workqueue", description="async submissions"),
-    StreamSpec(RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h"),
+    StreamSpec(SUBMIT_STREAM, (SUBMIT_ALL,), retention="workqueue", description="async submissions"),
+    StreamSpec(RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h",
+               allow_direct=True),
     StreamSpec(EVENTS_STREAM, (EVENTS_ALL,), max_age_s=7 * 24 * 3600, description="lifecycle events"),
     StreamSpec(TRAIN_STREAM, (TRAIN_JOBS,), retention="workqueue", description="training jobs"),
     StreamSpec(TRAIN_PROGRESS_STREAM, (TRAIN_PROGRESS_ALL,), max_age_s=24 * 3600, description="training progress"),

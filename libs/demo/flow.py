@@ -76,7 +76,9 @@ async def train_all(nats_url: str, datasets: dict[str, dict], skip: set[str], lo
 
     from libs.contracts import DatasetRef, TrainJob, TrainProgress, subjects
 
-    nc = await nats.connect(nats_url)
+    from libs.settings import ConnectionSettings
+
+    nc = await nats.connect(nats_url, **ConnectionSettings.load().nats_auth("admin"))
     versions: dict[str, int] = {}
     try:
         js = nc.jetstream()

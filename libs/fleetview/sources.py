@@ -49,6 +49,8 @@ class NatsLink:
 
     url: str
     nc: object = None
+    # Connect options (the operator's NATS user); None: the local stack's, from its env file.
+    auth: dict | None = None
     errors: list[BaseException] = field(default_factory=list)  # the last few, newest last
 
     @property
@@ -76,6 +78,7 @@ class NatsLink:
                 reconnect_time_wait=1.0,
                 max_reconnect_attempts=-1,
                 error_cb=on_error,
+                **(self.auth if self.auth is not None else _operator_auth()),
             )
         )
         failing = asyncio.ensure_future(every_server_failed.wait())
@@ -167,3 +170,9 @@ async def scrape(http, url: str) -> str:
     reply = await http.get(url)
     reply.raise_for_status()
     return reply.text
+
+
+def _operator_auth() -> dict:
+    from libs.settings import ConnectionSettings
+
+    return ConnectionSettings.load().nats_auth("admin")

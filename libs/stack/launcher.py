@@ -35,6 +35,8 @@ from libs.stack.servers import (
     Server,
     ServerContext,
     StackError,
+    admin_auth,
+    nats_secrets,
     port_names,
     postgres_dir,
 )
@@ -97,6 +99,7 @@ class _State:
             "pg_password": secrets.token_urlsafe(18),
             "s3_access_key": "lpx" + secrets.token_hex(8),
             "s3_secret_key": secrets.token_urlsafe(24),
+            **nats_secrets(),
         }
         dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve()))}
         return cls(ports=ports, secrets=creds, bucket=config.bucket, dirs=dirs, nats_nodes=config.nats_nodes,
@@ -270,7 +273,7 @@ class Stack:
             deadline = time.monotonic() + self.config.start_timeout_s
             while True:
                 try:
-                    await ensure_streams(urls, STREAMS, replicas=replicas)
+                    await ensure_streams(urls, STREAMS, replicas=replicas, auth=admin_auth(state.secrets))
                     return
                 except Exception:
                     if time.monotonic() > deadline or state.nats_nodes == 1:
@@ -306,7 +309,10 @@ class Stack:
     def _load_state(self) -> _State | None:
         if not self.state_file.exists():
             return None
-        return _State(**json.loads(self.state_file.read_text()))
+        state = _State(**json.loads(self.state_file.read_text()))
+        # A stack made before NATS authorization: its users get passwords now (kept from here on).
+        state.secrets = {**nats_secrets(), **state.secrets}
+        return state
 
     def _save_state(self, state: _State) -> None:
         tmp = self.state_file.with_suffix(".tmp")

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from libs.natsauth import permissions, server_config
+from libs.natsauth.jwt import new_account_seed, public_key
+
 
 class StackError(RuntimeError):
     """A server could not be prepared or started; the message says what to do."""
@@ -107,7 +110,9 @@ class NatsServer(Server):
 
     def prepare(self) -> None:
         super().prepare()
-        (self.dir / "nats.conf").write_text(self.config_text())
+        conf = self.dir / "nats.conf"
+        conf.touch(mode=0o600)  # it holds the service users' passwords
+        conf.write_text(self.config_text())
 
     def sync_interval(self) -> str:
         return self.ctx.nats_sync or ("always" if self.nodes == 1 else "default")
@@ -124,6 +129,8 @@ class NatsServer(Server):
             f'  store_dir: "{self.dir / "jetstream"}"',
             *([f"  sync_interval: {sync}"] if sync != "default" else []),
             "}",
+            # Authorization is on: services as their own users, tenants through the registry's callout.
+            server_config.render(nats_passwords(self.ctx.secrets), public_key(self.ctx.secrets["nats_callout_seed"])),
         ]
         if self.nodes > 1:
             routes = ", ".join(
@@ -154,7 +161,30 @@ class NatsServer(Server):
     def client_env(self) -> dict[str, str]:
         # Every client gets every node, so it can fail over when one goes down.
         urls = ",".join(f"nats://127.0.0.1:{self.ctx.ports[_node_port_prefix(i)]}" for i in range(self.nodes))
-        return {"LPX_NATS_URL": urls, "LPX_NATS_REPLICAS": str(min(self.nodes, 3))}
+        return {
+            "LPX_NATS_URL": urls,
+            "LPX_NATS_REPLICAS": str(min(self.nodes, 3)),
+            # Every process of the local platform finds its own user's password here (ConnectionSettings.nats_auth).
+            "LPX_NATS_PASSWORDS": json.dumps(nats_passwords(self.ctx.secrets), separators=(",", ":")),
+            "LPX_REGISTRY_NATS_CALLOUT_SEED": self.ctx.secrets["nats_callout_seed"],
+        }
+
+
+def nats_secrets() -> dict[str, str]:
+    """Fresh passwords for every NATS user and the auth callout's signing seed (a stack's secrets)."""
+    import secrets as random
+
+    made = {f"nats_password_{role.user}": random.token_urlsafe(18) for role in permissions.ROLES}
+    return {**made, "nats_callout_seed": new_account_seed()}
+
+
+def nats_passwords(secrets: dict[str, str]) -> dict[str, str]:
+    return {role.user: secrets[f"nats_password_{role.user}"] for role in permissions.ROLES}
+
+
+def admin_auth(secrets: dict[str, str]) -> dict[str, str]:
+    """Connect options of the operator's NATS user (the launcher provisions streams with it)."""
+    return {"user": permissions.ADMIN.user, "password": secrets[f"nats_password_{permissions.ADMIN.user}"]}
 
 
 def nats_node_name(index: int) -> str:

@@ -82,7 +82,7 @@ class EvalGate:
     async def start(self) -> None:
         s = self.settings
         await self.engine.start()
-        self.link = BrokerLink(s.connections, f"eval-gate-{s.gate_id}", buckets=[ledger_config()])
+        self.link = BrokerLink(s.connections, f"eval-gate-{s.gate_id}", buckets=[ledger_config()], role="eval-gate")
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)

@@ -1,11 +1,14 @@
-"""Async submission over NATS: callers publish SubmitRequest on `subjects.SUBMIT` (JetStream work queue,
-Nats-Msg-Id = request id); one durable consumer shared by every gateway replica takes them.
+"""Async submission over NATS: a tenant publishes SubmitRequest on its own `subjects.submit(tenant)`
+(JetStream work queue, Nats-Msg-Id `<tenant>:<request id>`); one durable consumer shared by every
+gateway replica takes them. The broker lets a tenant's credential publish on its own subject only, and
+the gateway refuses a message whose API key belongs to another tenant than the subject names.
 
 Each submission is authenticated, resolved and dispatched like an HTTP request, under an internal work
-id (`sub-<request id>`), so that the gateway sees the worker's result first and checks the applied
-digest before anything reaches the caller. The checked result (or the error) is published to
-`subjects.results(request_id)` in the RESULTS stream with Nats-Msg-Id `result-<request id>`; with
-`stream`, text deltas are relayed on `subjects.tokens(request_id)`.
+id (`sub-<tenant>-<request id>`: two tenants may pick the same request id), so that the gateway sees the
+worker's result first and checks the applied digest before anything reaches the caller. The checked
+result (or the error) is published to `subjects.tenant_results(tenant, request_id)` in the RESULTS
+stream with Nats-Msg-Id `result-<tenant>-<request id>`: only that tenant's credential can read it.
+With `stream`, text deltas are relayed on `subjects.tenant_tokens(tenant, request_id)`.
 
 Limits and tiers: a submission is counted against its tenant's limits like an HTTP request, but over
 a limit it waits here until the limit allows it (a bounded queue per tenant, `submit_tenant_queue`;
@@ -49,8 +52,8 @@ ACK_WAIT_S = 30.0
 RESULT_PUBLISH_RETRY_S = 120.0
 
 
-def internal_id(request_id: str) -> str:
-    return f"sub-{request_id}"
+def internal_id(tenant: str, request_id: str) -> str:
+    return f"sub-{tenant}-{request_id}"
 
 
 class SubmissionConsumer:
@@ -69,10 +72,10 @@ class SubmissionConsumer:
     async def start(self) -> None:
         js = self.gateway.js
         config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S,
-                                max_ack_pending=self.concurrency * 2, filter_subject=subjects.SUBMIT,
+                                max_ack_pending=self.concurrency * 2, filter_subject=subjects.SUBMIT_ALL,
                                 max_deliver=-1)  # fmt: skip
         self.gateway.link.add_consumer(subjects.SUBMIT_STREAM, config)
-        self.sub = await js.pull_subscribe(subjects.SUBMIT, durable=self.durable, stream=subjects.SUBMIT_STREAM,
+        self.sub = await js.pull_subscribe(subjects.SUBMIT_ALL, durable=self.durable, stream=subjects.SUBMIT_STREAM,
                                            config=config)  # fmt: skip
         self._loop_task = asyncio.create_task(self._loop(), name="submissions")
 
@@ -122,45 +125,50 @@ class SubmissionConsumer:
 
     async def handle(self, msg) -> None:
         g = self.gateway
+        tenant = subjects.submitter_of(msg.subject)
+        if tenant is None:
+            await self._dead_letter(msg, f"not a tenant's submission subject: {msg.subject!r}", tenant=None)
+            return
         try:
             submit = SubmitRequest.model_validate_json(msg.data)
         except ValidationError as exc:
-            await self._dead_letter(msg, f"invalid SubmitRequest: {first_error(exc)}")
+            await self._dead_letter(msg, f"invalid SubmitRequest: {first_error(exc)}", tenant=tenant)
             return
         rid = submit.request_id
-        if rid in self.active or await self._stored(subjects.results(rid)) is not None:
+        result_subject = subjects.tenant_results(tenant, rid)
+        if (tenant, rid) in self.active or await self._stored(result_subject) is not None:
             self.duplicates += 1
             g.metrics.submissions.add(1, {"outcome": "duplicate"})
             await msg.ack()
             return
-        self.active.add(rid)
+        self.active.add((tenant, rid))
         keepalive = asyncio.create_task(self._keep_in_progress(msg))
         try:
             with g.tracer.start_as_current_span("gateway.submission", context=extract_context(msg.headers),
-                                                attributes={"lpx.request_id": rid}):  # fmt: skip
-                result = await self._execute(submit)
-            await publish_retrying(g.js, subjects.results(rid), result.model_dump_json().encode(),
-                                   headers=inject_headers({"Nats-Msg-Id": f"result-{rid}"}),
+                                                attributes={"lpx.request_id": rid, "lpx.tenant": tenant}):  # fmt: skip
+                result = await self._execute(submit, tenant)
+            await publish_retrying(g.js, result_subject, result.model_dump_json().encode(),
+                                   headers=inject_headers({"Nats-Msg-Id": f"result-{tenant}-{rid}"}),
                                    give_up_at=time.time() + RESULT_PUBLISH_RETRY_S)  # fmt: skip
             g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
             await msg.ack()
         finally:
             keepalive.cancel()
-            self.active.discard(rid)
+            self.active.discard((tenant, rid))
 
-    async def _execute(self, submit: SubmitRequest) -> InferenceResult:
+    async def _execute(self, submit: SubmitRequest, tenant: str) -> InferenceResult:
         g = self.gateway
         rid = submit.request_id
-        work_id = internal_id(rid)
+        work_id = internal_id(tenant, rid)
         try:
             # Generated before a gateway restart, for whichever gateway dispatched it then.
             stored = await self._stored(subjects.result_lookup(work_id, g.settings.gateway_id))
             if stored is not None:
-                prepared = await g.prepare(submit.api_key, submit.model)
+                prepared = await self._prepare(submit, tenant)
                 checked = check_applied(InferenceResult.model_validate_json(stored), prepared.expected_digest,
                                         tenant=prepared.tenant, metrics=g.metrics)  # fmt: skip
             else:
-                checked = await self._generate(submit, work_id)
+                checked = await self._generate(submit, tenant, work_id)
         except GatewayError as exc:
             return InferenceResult(request_id=rid, worker_id="gateway", ok=False,
                                    error=ErrorInfo(code=exc.code, message=exc.message))  # fmt: skip
@@ -168,25 +176,35 @@ class SubmissionConsumer:
         # already (under the work id): this copy names no tenant, so it is not counted twice.
         return checked.model_copy(update={"request_id": rid, "tenant": None})
 
-    async def _generate(self, submit: SubmitRequest, work_id: str) -> InferenceResult:
+    async def _prepare(self, submit: SubmitRequest, tenant: str):
+        """Key check and resolution, and the key's tenant must be the one whose subject carried the
+        message: a tenant's NATS credential with another tenant's API key is refused (403)."""
+        prepared = await self.gateway.prepare(submit.api_key, submit.model)
+        if prepared.tenant != tenant:
+            raise GatewayError(403, f"the API key does not belong to tenant {tenant!r}, whose submission subject "
+                                    "carried this request", "permission_denied")  # fmt: skip
+        return prepared
+
+    async def _generate(self, submit: SubmitRequest, tenant: str, work_id: str) -> InferenceResult:
         g = self.gateway
         timeout = min(submit.timeout_s or g.settings.request_timeout_s, 24 * 3600)
         deadline = submit.submitted_at + timeout
-        prepared = await g.prepare(submit.api_key, submit.model)
+        prepared = await self._prepare(submit, tenant)
         prompt_chars = g.check_prompt(submit.prompt, submit.messages)
         sampling = submit.sampling
         if sampling.logprobs is not None and (why := logprobs.check_budget(sampling.max_tokens, sampling.logprobs)):
             raise errors.bad_request(why, "sampling.max_tokens")
         estimate = estimate_tokens(prompt_chars, sampling.max_tokens)
-        prepared, ticket = await self._admit(submit, prepared, estimate, deadline)
+        prepared, ticket = await self._admit(submit, tenant, prepared, estimate, deadline)
         result = None
         try:
-            result = await self._run_job(submit, work_id, prepared, deadline)
+            result = await self._run_job(submit, tenant, work_id, prepared, deadline)
             return result
         finally:
             g.limiter.release(ticket, result.prompt_tokens + result.completion_tokens if result else None)
 
-    async def _run_job(self, submit: SubmitRequest, work_id: str, prepared, deadline: float) -> InferenceResult:
+    async def _run_job(self, submit: SubmitRequest, tenant: str, work_id: str, prepared, deadline: float
+                       ) -> InferenceResult:  # fmt: skip
         g = self.gateway
         job = await g.dispatch(prepared, request_id=work_id, prompt=submit.prompt, messages=submit.messages,
                                sampling=submit.sampling, deadline=deadline, stream=submit.stream,
@@ -198,11 +216,11 @@ class SubmissionConsumer:
             if isinstance(event, InferenceResult):
                 return event
             delta = TokenDelta(request_id=submit.request_id, index=index, text=event.text, logprobs=event.logprobs)
-            await g.nc.publish(subjects.tokens(submit.request_id), delta.model_dump_json().encode())
+            await g.nc.publish(subjects.tenant_tokens(tenant, submit.request_id), delta.model_dump_json().encode())
             index += 1
         raise GatewayError(502, "the stream ended without a result", "engine_error")
 
-    async def _admit(self, submit: SubmitRequest, prepared, estimate: int, deadline: float):
+    async def _admit(self, submit: SubmitRequest, tenant: str, prepared, estimate: int, deadline: float):
         """(prepared, ticket) once the tenant's limits allow the submission. Over a limit it waits in
         its tenant's bounded queue, the key and model checked again after each wait (revoked meanwhile:
         401); refused when the queue is full, when it can never fit, or at its deadline."""
@@ -223,7 +241,7 @@ class SubmissionConsumer:
                 if left <= exc.retry_after_s:
                     raise errors.deadline(deadline - submit.submitted_at) from None
                 await self._wait_for_limits(tenant, exc.retry_after_s)
-            prepared = await g.prepare(submit.api_key, submit.model)
+            prepared = await self._prepare(submit, tenant)
 
     async def _wait_for_limits(self, tenant: str, seconds: float) -> None:
         self.waiting_for_limits[tenant] += 1
@@ -246,16 +264,19 @@ class SubmissionConsumer:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
 
-    async def _dead_letter(self, msg, reason: str) -> None:
+    async def _dead_letter(self, msg, reason: str, *, tenant: str | None) -> None:
+        """Park the message with its reason and, when its tenant and request id can be read, tell the
+        sender on its own result subject."""
         g = self.gateway
         letter = dead_letter(SERVICE, msg.subject, reason, msg.data, msg.headers)
         await g.js.publish(subjects.dead_letter(SERVICE), letter.model_dump_json().encode())
         log.warning("dead-lettered a submission", extra={"reason": reason})
         rid = request_id_of(msg.data, max_len=100)
-        if rid and await self._stored(subjects.results(rid)) is None:
+        if tenant and rid and await self._stored(subjects.tenant_results(tenant, rid)) is None:
             error = InferenceResult(request_id=rid, worker_id="gateway", ok=False,
                                     error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
-            await g.js.publish(subjects.results(rid), error.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": f"result-{rid}"})  # fmt: skip
+            await g.js.publish(subjects.tenant_results(tenant, rid), error.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": f"result-{tenant}-{rid}"})  # fmt: skip
         g.metrics.submissions.add(1, {"outcome": "bad_request"})
         await msg.ack()
+

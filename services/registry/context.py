@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -37,6 +38,8 @@ class RegistryContext:
     store: ObjectStore
     wake_relay: Callable[[], None] = lambda: None
     hooks: FaultHooks = field(default_factory=FaultHooks)
+    # Tenants' NATS connections (services/registry/nats_access.py); None until the broker is up.
+    nats_access: Any = None
 
 
 def lock_key(digest: str) -> int:

@@ -77,8 +77,12 @@ class ApiKey(SQLModel, table=True):
     tenant_id: int = Field(foreign_key="tenants.id", index=True)
     key_id: str = Field(max_length=32, unique=True)
     key_hash: str = Field(max_length=64)
+    # "inference" (the gateway's API key) or "nats" (the password of the tenant's broker connection).
+    kind: str = Field(default="inference", max_length=16)
     created_at: datetime = _ts()
     revoked_at: datetime | None = _ts(nullable=True)
+    # Set when a NATS credential connects (the auth callout); an inference key leaves it empty.
+    last_used_at: datetime | None = _ts(nullable=True)
 
 
 # --- base models ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from libs.broker import BrokerLink
 from libs.messaging import make_broker
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver, usage
+from services.registry.nats_access import NatsAccess
 from services.registry.bases import seed_catalog
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
@@ -84,6 +85,8 @@ class RegistryService:
         usage.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
         await self.link.attach(self.broker.config.connection_state.connection)
+        self.ctx.nats_access = NatsAccess(self.ctx)
+        await self.ctx.nats_access.start()
 
     async def _sweep_periodically(self) -> None:
         while True:
@@ -114,6 +117,8 @@ class RegistryService:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.ctx is not None and self.ctx.nats_access is not None:
+            await self.ctx.nats_access.stop()
         if self.broker is not None:
             self.link.closing()
             await self.broker.stop()

@@ -40,6 +40,15 @@ class RegistrySettings(ServiceSettings):
     # assumed figure); a report that cannot be read is said in the estimate, never silently replaced.
     throughput_report: str | None = None
 
+    # --- tenants' NATS connections (services/registry/nats_access.py) ---------------------------
+    # The auth callout's account nkey seed (SA...): it signs the permissions of each tenant connection.
+    # The server's config names its public key (`issuer`). None: tenants cannot connect to NATS.
+    nats_callout_seed: SecretStr | None = None
+    # A tenant connection's permissions expire after this long and the client re-authenticates (a
+    # revocation also disconnects at once; this bounds one that could not reach the broker).
+    nats_tenant_session_s: int = Field(3600, ge=60)
+    nats_public_url: str | None = Field(None, description="the NATS URL tenants are told to use (default: LPX_NATS_URL)")
+
     # --- start-up ------------------------------------------------------------------------------
     migrate_on_start: bool = True
     # `python -m services.registry.migrate` (the chart's migrations Job) waits this long for PostgreSQL.

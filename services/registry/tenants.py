@@ -29,9 +29,9 @@ async def create_tenant(session: AsyncSession, name: str) -> tuple[Tenant, keys.
     return tenant, await add_key(session, tenant)
 
 
-async def add_key(session: AsyncSession, tenant: Tenant) -> keys.NewKey:
-    new = keys.generate(tenant.name)
-    session.add(ApiKey(tenant_id=tenant.id, key_id=new.key_id, key_hash=new.key_hash))
+async def add_key(session: AsyncSession, tenant: Tenant, kind: str = keys.INFERENCE) -> keys.NewKey:
+    new = keys.generate(tenant.name, kind)
+    session.add(ApiKey(tenant_id=tenant.id, key_id=new.key_id, key_hash=new.key_hash, kind=kind))
     await session.flush()
     return new
 
@@ -40,22 +40,39 @@ async def list_tenants(session: AsyncSession) -> list[Tenant]:
     return list((await session.exec(select(Tenant).order_by(Tenant.name))).all())
 
 
-async def authenticate(session: AsyncSession, tenant_name: str, api_key: str) -> Tenant:
-    """The tenant `api_key` belongs to, provided it is `tenant_name`'s live key; Unauthorized otherwise.
-    Every failure gives the same message, so a caller learns nothing about which part was wrong."""
-    refused = Unauthorized(f"invalid API key for tenant {tenant_name!r}")
-    parsed = keys.parse(api_key)
-    if parsed is None or parsed.tenant != tenant_name:
+async def authenticate(
+    session: AsyncSession, tenant_name: str, api_key: str, kind: str = keys.INFERENCE
+) -> Tenant:
+    """The tenant `api_key` belongs to, provided it is `tenant_name`'s live key of `kind`; Unauthorized
+    otherwise (a NATS credential is never an API key, nor the reverse). Every failure gives the same
+    message, so a caller learns nothing about which part was wrong."""
+    return (await _live_key(session, tenant_name, api_key, kind))[1]
+
+
+async def authenticate_nats(session: AsyncSession, tenant_name: str, credential: str) -> Tenant:
+    """The auth callout's check of a NATS connection (user = tenant, password = credential); records
+    when the credential was last used."""
+    key, tenant = await _live_key(session, tenant_name, credential, keys.NATS)
+    key.last_used_at = datetime.now(UTC)
+    session.add(key)
+    return tenant
+
+
+async def _live_key(session: AsyncSession, tenant_name: str, secret: str, kind: str) -> tuple[ApiKey, Tenant]:
+    what = "NATS credential" if kind == keys.NATS else "API key"
+    refused = Unauthorized(f"invalid {what} for tenant {tenant_name!r}")
+    parsed = keys.parse(secret)
+    if parsed is None or parsed.tenant != tenant_name or parsed.kind != kind:
         raise refused
     row = (await session.exec(
         select(ApiKey, Tenant).join(Tenant, col(ApiKey.tenant_id) == col(Tenant.id))
-        .where(ApiKey.key_id == parsed.key_id, col(ApiKey.revoked_at).is_(None)))).first()  # fmt: skip
+        .where(ApiKey.key_id == parsed.key_id, ApiKey.kind == kind, col(ApiKey.revoked_at).is_(None)))).first()  # fmt: skip
     if row is None:
         raise refused
     key, tenant = row
     if tenant.name != tenant_name or not keys.matches(parsed, key.key_hash):
         raise refused
-    return tenant
+    return key, tenant
 
 
 def limits_of(tenant: Tenant) -> TenantLimits:

@@ -71,7 +71,7 @@ class Trainer:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self.link = BrokerLink(s.connections, f"trainer-{s.trainer_id}", buckets=[LEDGER_CONFIG])
+        self.link = BrokerLink(s.connections, f"trainer-{s.trainer_id}", buckets=[LEDGER_CONFIG], role="trainer")
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)

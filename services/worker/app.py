@@ -104,7 +104,7 @@ class Worker:
         s = self.settings
         await self.engine.start()
         self.link = BrokerLink(s.connections, f"worker-{self.worker_id}",
-                               buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)])  # fmt: skip
+                               buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)], role="worker")  # fmt: skip
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)

@@ -85,6 +85,7 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
     """`await platform_of(nats_nodes)`: the whole platform on a fresh stack; torn down with the module."""
     from services.worker.app import Worker
     from tests.adapters import tone_adapter
+    from tests.conftest import operator_view
     from tests.e2e.gateway.conftest import ServedGateway, gateway_settings
     from tests.e2e.worker.conftest import worker_settings
     from tests.integration.registry.conftest import create_database, registry_settings, running_registry
@@ -94,7 +95,7 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
     async def build(nats_nodes: int) -> Platform:
         stack, state = await asyncio.to_thread(_new_stack, nats_nodes)
         teardown.append(lambda: (stack.down(), shutil.rmtree(state, ignore_errors=True)))
-        conn = ConnectionSettings.load(stack.env_file)
+        conn = operator_view(ConnectionSettings.load(stack.env_file))
         dsn = await create_database(conn)
         registry_cm = running_registry(registry_settings(conn, dsn))
         registry = await registry_cm.__aenter__()

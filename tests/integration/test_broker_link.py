@@ -65,7 +65,7 @@ async def _until(predicate, timeout_s: float = 20.0) -> None:
 
 async def test_link_rides_out_a_broker_restart(own_nats, caplog):
     caplog.set_level(logging.INFO, logger="libs.broker")
-    link = BrokerLink(ConnectionSettings(nats_url=own_nats.url), "t-link", streams=[SPEC], buckets=[BUCKET])
+    link = BrokerLink(ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True), "t-link", streams=[SPEC], buckets=[BUCKET])
     hooks: list[float] = []
 
     async def hook() -> None:
@@ -108,7 +108,7 @@ async def test_link_rides_out_a_broker_restart(own_nats, caplog):
 
 async def test_incompatible_stream_is_reported_not_replaced(own_nats):
     own_nats.start()
-    link = BrokerLink(ConnectionSettings(nats_url=own_nats.url), "t-conflict", streams=[])
+    link = BrokerLink(ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True), "t-conflict", streams=[])
     await link.connect(give_up_after_s=10)
     try:
         existing = StreamConfig(name=SPEC.name, subjects=list(SPEC.subjects), retention=RetentionPolicy.INTEREST,
