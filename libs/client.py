@@ -71,7 +71,7 @@ class LoraplexClient:
         """Connection options: a tenant's credential (user = tenant, its own inbox prefix, which its
         permissions allow), or a service account's user and password."""
         if self.nats_credential:
-            return dict(user=self.tenant, password=self.nats_credential,
+            return dict(user=f"tenant:{self.tenant}", password=self.nats_credential,
                         inbox_prefix=subjects.tenant_inbox_prefix(self.tenant).encode())  # fmt: skip
         if self.user:
             return dict(user=self.user, password=self.password)

@@ -49,12 +49,13 @@ class ConnectionSettings(BaseSettings):
 
     def nats_auth(self, role: str) -> dict[str, str]:
         """nats-py connect options for a process acting as `role` (a service user: gateway, worker,
-        registry, eval-gate, trainer; admin for operator tools): an explicit LPX_NATS_USER wins, then
-        the stack's password for that role; none on an open broker."""
-        if self.nats_user:
-            return {"user": self.nats_user, "password": self.nats_password or ""}
+        registry, eval-gate, trainer; admin for operator tools; the registry's callout and system
+        users): that role's password from LPX_NATS_PASSWORDS, else the process's own LPX_NATS_USER (never
+        for the callout and system users, which only the map names); none on an open broker."""
         if role in self.nats_passwords:
             return {"user": role, "password": self.nats_passwords[role]}
+        if self.nats_user and role not in ("callout", "system"):
+            return {"user": self.nats_user, "password": self.nats_password or ""}
         return {}
 
     @classmethod

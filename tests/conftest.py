@@ -28,8 +28,21 @@ def stack():
     launched = Stack(StackConfig(dir=state, start_timeout_s=90))
     launched.up()
     yield launched
+    violations = service_violations(state)
     launched.down()
     shutil.rmtree(state, ignore_errors=True)
+    # A service user refused by the broker is a hole in the permissions table (libs/natsauth/permissions.py):
+    # the service would fail in production the same way. Tenants' refusals are the tests' own probes.
+    assert not violations, "service users hit NATS permission violations:\n" + "\n".join(violations[:20])
+
+
+def service_violations(state_dir: Path) -> list[str]:
+    found = []
+    for log in state_dir.glob("nats*/nats*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "Violation" in line and not any(mark in line for mark in ("user:tenant:", "Authorization Violation", ":lpx-probe")):
+                found.append(line)
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -37,16 +50,39 @@ def connections(stack) -> ConnectionSettings:
     """The stack's settings, its NATS URLs carrying the operator's user: a test's own connections
     (observers, fault injectors) act as the operator. A service built from these settings still connects
     as its own user: nats-py prefers the explicit user and password `nats_auth(role)` gives it."""
-    return operator_view(ConnectionSettings.load(stack.env_file))
+    return operator_view(ConnectionSettings.load(stack.env_file), stack.env_file)
 
 
-def operator_view(conn: ConnectionSettings) -> ConnectionSettings:
+@pytest.fixture(scope="session")
+def stack_nats_url(stack) -> str:
+    """The stack's NATS URL as a tenant is given it: no credentials in it."""
+    return ConnectionSettings.load(stack.env_file).nats_url
+
+
+# The auth callout's signing seed of each test stack, by its first NATS URL: a registry a test starts
+# answers the broker's callout with it (in production only the registry's own settings hold it).
+CALLOUT_SEEDS: dict[str, str] = {}
+
+
+def operator_view(conn: ConnectionSettings, env_file: Path) -> ConnectionSettings:
+    from services.registry.settings import RegistrySettings
+
+    seed = RegistrySettings.load(env_file).nats_callout_seed
+    if seed is not None:
+        CALLOUT_SEEDS[conn.nats_servers[0]] = seed.get_secret_value()
     admin = conn.nats_auth("admin")
     if not admin:
         return conn
     creds = f"{admin['user']}:{admin['password']}@"
     urls = ",".join(url.replace("://", "://" + creds, 1) for url in conn.nats_servers)
     return conn.model_copy(update={"nats_url": urls})
+
+
+def callout_seed(conn: ConnectionSettings) -> str | None:
+    """The callout seed of the stack `conn` (an operator view) belongs to."""
+    first = conn.nats_servers[0]
+    scheme, _, rest = first.partition("://")
+    return CALLOUT_SEEDS.get(f"{scheme}://{rest.rpartition('@')[2]}")
 
 
 @pytest.fixture(scope="session")

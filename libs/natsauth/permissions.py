@@ -35,6 +35,7 @@ class Role:
     consume: tuple[str, ...] = ()  # streams it creates consumers on and pulls from
     read: tuple[str, ...] = ()  # streams it reads single messages from (last by subject)
     buckets: tuple[str, ...] = ()  # KV buckets it reads and writes
+    purge: tuple[str, ...] = ()  # streams it may purge (by subject filter)
     provision: bool = True  # creates and updates the platform's streams at start (idempotent)
     answers: bool = False  # answers requests (allow_responses)
     account: str = ACCOUNT
@@ -54,6 +55,7 @@ class Role:
             allowed += _consume_api(stream)
         for stream in self.read:
             allowed += _read_api(stream)
+        allowed += [f"$JS.API.STREAM.PURGE.{stream}" for stream in self.purge]
         for bucket in self.buckets:
             kv = f"KV_{bucket}"
             allowed += [f"$KV.{bucket}.>", *_consume_api(kv), *_read_api(kv)]
@@ -85,18 +87,19 @@ def _unique(items: list[str]) -> list[str]:
 
 GATEWAY = Role(
     "gateway", "routes work to workers, relays results and token deltas, takes tenants' async submissions",
-    publish=(s.INFER_ALL, s.RESULTS_ALL, s.TOKENS_ALL, s.GATEWAY_LIMITS_ALL, s.RESOLVE, s.AUTH, s.DLQ_ALL,
-             "lpx.control.>"),
-    subscribe=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.GATEWAY_LIMITS_ALL, s.TENANT_EVENTS,
+    publish=(s.INFER_ALL, s.RESULTS_ALL, s.TOKENS_ALL, s.GATEWAY_LIMITS_ALL, s.RESOLVE, s.AUTH, s.DLQ_ALL),
+    # Its own results and token deltas arrive under lpx.{results,tokens}.gw.<gateway>.
+    subscribe=("lpx.results.gw.>", "lpx.tokens.gw.>", s.WORKER_LOAD_ALL, s.GATEWAY_LIMITS_ALL, s.TENANT_EVENTS,
                s.ADAPTER_EVENTS),
-    consume=(s.SUBMIT_STREAM, s.EVENTS_STREAM, s.INFER_STREAM),
-    read=(s.RESULTS_STREAM, s.INFER_STREAM),
+    consume=(s.SUBMIT_STREAM, s.INFER_STREAM),  # INFER: it retires a dead worker's durable
+    read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET,),
+    purge=(s.INFER_STREAM,),  # a dead worker's backlog, once re-routed
 )  # fmt: skip
 WORKER = Role(
     "worker", "consumes its pool's inference work, publishes results, token deltas, load and heartbeats",
-    publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL, s.RESOLVE),
-    subscribe=("lpx.control.>", s.ADAPTER_EVENTS),
+    publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL),  # INFER: drain hand-offs
+    subscribe=("lpx.control.>",),
     consume=(s.INFER_STREAM,),
     read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET, s.HOT_ADAPTERS_BUCKET),
@@ -116,8 +119,8 @@ EVAL_GATE = Role(
 )  # fmt: skip
 TRAINER = Role(
     "trainer", "consumes training jobs and migrations, publishes progress",
-    publish=(s.TRAIN_PROGRESS_ALL, s.DLQ_ALL, s.EVENTS_ALL),
-    consume=(s.TRAIN_STREAM, s.EVENTS_STREAM),
+    publish=(s.TRAIN_PROGRESS_ALL, s.DLQ_ALL),
+    consume=(s.TRAIN_STREAM,),
     buckets=(s.TRAIN_LEDGER_BUCKET,),
 )  # fmt: skip
 ADMIN = Role("admin", "the operator: the lpx CLI (stack, top, train), tests and benchmarks; everything", full=True)

@@ -22,7 +22,10 @@ def _quoted(values: list[str]) -> str:
 
 def _user(role: p.Role, passwords: dict[str, str] | None) -> str:
     password = json.dumps(passwords[role.user]) if passwords is not None else f"${role.env_var}"
-    perms = [f"publish: {{ allow: {_quoted(role.publish_allow())} }}"]
+    # An empty allow list would allow everything: a user that only answers requests is denied publishing
+    # (its replies go out through allow_responses).
+    publish = role.publish_allow()
+    perms = [f"publish: {{ allow: {_quoted(publish)} }}" if publish else 'publish: { deny: [">"] }']
     perms.append(f"subscribe: {{ allow: {_quoted(role.subscribe_allow())} }}")
     if role.answers:
         perms.append("allow_responses: true")

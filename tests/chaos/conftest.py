@@ -95,7 +95,7 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
     async def build(nats_nodes: int) -> Platform:
         stack, state = await asyncio.to_thread(_new_stack, nats_nodes)
         teardown.append(lambda: (stack.down(), shutil.rmtree(state, ignore_errors=True)))
-        conn = operator_view(ConnectionSettings.load(stack.env_file))
+        conn = operator_view(ConnectionSettings.load(stack.env_file), stack.env_file)
         dsn = await create_database(conn)
         registry_cm = running_registry(registry_settings(conn, dsn))
         registry = await registry_cm.__aenter__()

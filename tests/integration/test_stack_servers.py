@@ -22,7 +22,9 @@ def test_env_file_has_every_connection_setting(stack, connections):
     body = stack.env_file.read_text()
     for key in ("LPX_NATS_URL", "LPX_PG_DSN", "LPX_S3_ENDPOINT", "LPX_S3_ACCESS_KEY", "LPX_S3_SECRET_KEY"):
         assert f"{key}=" in body
-    assert connections.nats_url.startswith("nats://127.0.0.1:")
+    assert "LPX_NATS_URL=nats://127.0.0.1:" in body  # the env file's URL carries no credentials
+    assert "LPX_NATS_PASSWORDS=" in body and "LPX_REGISTRY_NATS_CALLOUT_SEED=SA" in body
+    assert connections.nats_url.startswith("nats://admin:")  # the tests' own connections: the operator
 
 
 async def test_jetstream_streams_exist_with_declared_retention(connections):

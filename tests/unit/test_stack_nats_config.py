@@ -3,20 +3,35 @@ name, client/monitor/cluster port and routes per node, and clients get every nod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from libs.stack.servers import NatsServer, ServerContext, nats_port_names
+from libs.natsauth.jwt import public_key
+from libs.stack.servers import NatsServer, ServerContext, nats_passwords, nats_port_names, nats_secrets
+
+SECRETS = nats_secrets()
 
 
 def _ctx(nodes: int, sync: str = "") -> ServerContext:
     ports = {name: 4000 + i for i, name in enumerate(nats_port_names(nodes))}
-    return ServerContext(Path("/tmp/lpx-unit"), ports, {}, "b", nats_nodes=nodes, nats_sync=sync)
+    return ServerContext(Path("/tmp/lpx-unit"), ports, SECRETS, "b", nats_nodes=nodes, nats_sync=sync)
 
 
 def test_single_node_syncs_every_write_and_has_no_cluster():
     text = NatsServer(_ctx(1), 0).config_text()
     assert "sync_interval: always" in text and "cluster" not in text
-    assert NatsServer(_ctx(1), 0).client_env() == {"LPX_NATS_URL": "nats://127.0.0.1:4000", "LPX_NATS_REPLICAS": "1"}
+    env = NatsServer(_ctx(1), 0).client_env()
+    assert env["LPX_NATS_URL"] == "nats://127.0.0.1:4000" and env["LPX_NATS_REPLICAS"] == "1"
+
+
+def test_authorization_is_on_with_every_user_and_the_callout_issuer():
+    text = NatsServer(_ctx(1), 0).config_text()
+    assert "auth_callout" in text and f'issuer: "{public_key(SECRETS["nats_callout_seed"])}"' in text
+    for user, password in nats_passwords(SECRETS).items():
+        assert f'user: "{user}", password: "{password}"' in text
+    env = NatsServer(_ctx(1), 0).client_env()
+    assert json.loads(env["LPX_NATS_PASSWORDS"]) == nats_passwords(SECRETS)
+    assert env["LPX_REGISTRY_NATS_CALLOUT_SEED"] == SECRETS["nats_callout_seed"]
 
 
 def test_three_nodes_route_to_each_other_with_their_own_names_and_stores():

@@ -14,10 +14,13 @@ pytestmark = pytest.mark.e2e
 QUESTION = [{"role": "user", "content": "Where is my order?"}]
 
 
-async def test_submit_result_stream_and_no_double_generation(gateway, tenants, make_worker, connections):
+async def test_submit_result_stream_and_no_double_generation(gateway, gateway_registry, tenants, make_worker,
+                                                              stack_nats_url):  # fmt: skip
     worker = await make_worker("gw-sub")
     await gateway.wait_workers(1)
-    async with LoraplexClient(connections.nats_url, api_key=tenants.key_a) as lpx:
+    # The tenant's own NATS credential: what a tenant's async client has, nothing more.
+    creds = await gateway_registry.nats_credential(tenants.a)
+    async with LoraplexClient(stack_nats_url, api_key=tenants.key_a, nats_credential=creds) as lpx:
         rid = await lpx.submit("support", messages=QUESTION, max_tokens=24)
         result = await lpx.result(rid, timeout=240)
         assert result.ok, result.error
@@ -53,3 +56,6 @@ async def test_submit_result_stream_and_no_double_generation(gateway, tenants, m
         assert not refused.ok and refused.error.code == "model_not_found" and refused.worker_id == "gateway"
         bad_key = await lpx.result(await lpx.submit("support", messages=QUESTION, api_key="lpx_nope"), timeout=60)
         assert not bad_key.ok and bad_key.error.code == "invalid_api_key"
+        # Tenant A's connection carrying tenant B's (valid) API key: the gateway refuses it, and A reads why.
+        foreign = await lpx.result(await lpx.submit("concierge", messages=QUESTION, api_key=tenants.key_b), timeout=60)
+        assert not foreign.ok and foreign.error.code == "permission_denied" and foreign.worker_id == "gateway"

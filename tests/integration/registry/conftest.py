@@ -36,13 +36,19 @@ async def create_database(connections: ConnectionSettings) -> str:
     return connections.pg_dsn.rsplit("/", 1)[0] + "/" + name
 
 
+def callout_seed(connections):
+    from tests.conftest import callout_seed as seed_of
+
+    return seed_of(connections)
+
+
 def registry_settings(connections: ConnectionSettings, dsn: str, **overrides):
     from services.registry.settings import RegistrySettings
 
     conn = connections.model_copy(update={"pg_dsn": dsn})
     defaults = dict(admin_token=ADMIN_TOKEN, eval_durable=f"test-{uuid.uuid4().hex[:10]}", eval_deliver_policy="new",
                     usage_durable=f"test-usage-{uuid.uuid4().hex[:10]}", usage_deliver_policy="new",
-                    outbox_poll_s=0.1)  # fmt: skip
+                    outbox_poll_s=0.1, nats_callout_seed=callout_seed(connections))  # fmt: skip
     return RegistrySettings(connections=conn, **{**defaults, **overrides})
 
 
@@ -76,6 +82,12 @@ class Registry:
         reply = await self.client.post("/v1/tenants", json={"name": name})
         assert reply.status_code == 201, reply.text
         return reply.json()["api_key"]
+
+    async def nats_credential(self, tenant: str) -> str:
+        """A NATS credential for the tenant's own connection (the broker's auth callout checks it here)."""
+        reply = await self.client.post(f"/v1/tenants/{tenant}/nats-credentials")
+        assert reply.status_code == 201, reply.text
+        return reply.json()["credential"]
 
 
 @asynccontextmanager
