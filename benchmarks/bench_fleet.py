@@ -197,7 +197,7 @@ async def run_policy(stack, state: Path, key: str, aliases: list[str], stream, a
                 killed["at"] = at
 
         connections = ConnectionSettings.load(stack.env_file)
-        async with LoraplexClient(connections.nats_url) as client:
+        async with LoraplexClient(connections.nats_url, api_key=key, **_operator(connections)) as client:
             samples = await drive(client, key, stream, aliases, args, on_tick=maybe_kill)
             summary = summarise(samples, args.workers, DEFAULT_BALANCE_FACTOR)
             if faults:
@@ -207,12 +207,19 @@ async def run_policy(stack, state: Path, key: str, aliases: list[str], stream, a
     return summary, samples
 
 
+def _operator(connections) -> dict:
+    """The benchmark reads the results stream's per-subject counts: it connects as the operator."""
+    auth = connections.nats_auth("admin")
+    return {"user": auth["user"], "password": auth["password"]} if auth else {}
+
+
 async def exactly_once(client, samples: list[Sample]) -> dict:
     """Lost: no ok answer. Duplicated: more than one stored answer for one submission."""
-    info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=f"{subjects.PREFIX}.results.*")
+    tenant = client.tenant
+    info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=subjects.tenant_results_filter(tenant))
     counts = info.state.subjects or {}
     lost = [s for s in samples if not s.result.ok]
-    duplicated = sum(counts.get(subjects.results(s.rid), 0) > 1 for s in samples)
+    duplicated = sum(counts.get(subjects.tenant_results(tenant, s.rid), 0) > 1 for s in samples)
     reasons = sorted({f"{s.result.error.code}: {s.result.error.message}" for s in lost if s.result.error})
     return {"submissions": len(samples), "lost": len(lost), "duplicated": duplicated, "lost_reasons": reasons[:5]}
 

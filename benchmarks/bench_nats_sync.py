@@ -33,28 +33,33 @@ SPEC = next(s for s in subjects.STREAMS if s.name == subjects.RESULTS_STREAM)
 PAYLOAD = b"x" * 512  # about an InferenceResult of a short answer
 
 
-def start(nodes: int, sync: str) -> tuple[Stack, Path, str]:
+def start(nodes: int, sync: str) -> tuple[Stack, Path, dict]:
     """The whole local stack with this NATS setup (PostgreSQL and S3 idle beside it)."""
     state = Path(tempfile.mkdtemp(prefix="lpx-bench-nats-"))
     state.chmod(0o755)
     stack = Stack(StackConfig(dir=state, nats_nodes=nodes, nats_sync=sync, start_timeout_s=90))
-    env = stack.up()
-    return stack, state, env["LPX_NATS_URL"]
+    return stack, state, stack.up()
 
 
-async def measure(urls: str, replicas: int, sequential: int, windows: int) -> dict:
+def operator_auth(env: dict[str, str]) -> dict[str, str]:
+    import json
+
+    return {"user": "admin", "password": json.loads(env["LPX_NATS_PASSWORDS"])["admin"]}
+
+
+async def measure(urls: str, replicas: int, sequential: int, windows: int, auth: dict) -> dict:
     import nats
 
     deadline = time.monotonic() + 30
     while True:  # a cluster answers JetStream requests once it has a meta leader
         try:
-            await ensure_streams(urls, [SPEC], replicas=replicas)
+            await ensure_streams(urls, [SPEC], replicas=replicas, auth=auth)
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.5)
-    nc = await nats.connect(servers=urls.split(","))
+    nc = await nats.connect(servers=urls.split(","), **auth)
     js = nc.jetstream()
     latencies = []
     for i in range(sequential):
@@ -73,9 +78,9 @@ async def measure(urls: str, replicas: int, sequential: int, windows: int) -> di
 
 
 def run(nodes: int, sync: str, sequential: int, windows: int) -> dict:
-    stack, state, urls = start(nodes, sync)
+    stack, state, env = start(nodes, sync)
     try:
-        return asyncio.run(measure(urls, min(nodes, 3), sequential, windows))
+        return asyncio.run(measure(env["LPX_NATS_URL"], min(nodes, 3), sequential, windows, operator_auth(env)))
     finally:
         stack.down()
         shutil.rmtree(state, ignore_errors=True)

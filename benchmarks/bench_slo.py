@@ -113,15 +113,16 @@ async def run(stack, state: Path, keys: dict[str, str], args, name: str, fair: s
     )
     for i in range(args.workers):
         fleet.start_worker(f"slo-{i}")
-    nats_url = ConnectionSettings.load(stack.env_file).nats_url
+    conn = ConnectionSettings.load(stack.env_file)
+    nats_url, operator = conn.nats_url, conn.nats_auth("admin")  # the benchmark watches every result
     try:
         await fleet.wait_ready(args.workers)
         async with (
-            LoraplexClient(nats_url, api_key=keys[BATCH]) as lpx,
+            LoraplexClient(nats_url, api_key=keys[BATCH], user=operator.get("user"), password=operator.get("password")) as lpx,
             httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=1000)) as http,
         ):
             backlog = Backlog(lpx, args.backlog_size, args.tokens)
-            sub = await lpx.nc.subscribe(f"{subjects.PREFIX}.results.*", cb=backlog.on_result)
+            sub = await lpx.nc.subscribe(subjects.tenant_results_filter(lpx.tenant), cb=backlog.on_result)
             begin = time.monotonic()
             end = begin + args.warmup + args.duration
             filler = asyncio.create_task(backlog.keep_full(end)) if backlog_on else None

@@ -66,6 +66,7 @@ class LoraplexClient:
         self.user, self.password = user, password
         self._nc = nc
         self._own = nc is None
+        self._tenant_of_request: dict[str, str] = {}  # submitted with a per-call key of another tenant
 
     def _auth(self) -> dict:
         """Connection options: a tenant's credential (user = tenant, its own inbox prefix, which its
@@ -90,7 +91,9 @@ class LoraplexClient:
         self._js = self._nc.jetstream()
         return self
 
-    def _tenant(self) -> str:
+    def _tenant(self, request_id: str | None = None) -> str:
+        if request_id in self._tenant_of_request:
+            return self._tenant_of_request[request_id]
         if not self.tenant:
             raise ValueError("the tenant is not known: pass an API key or NATS credential (they name it) or tenant=")
         return self.tenant
@@ -137,7 +140,7 @@ class LoraplexClient:
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
-        tenant = self._tenant()
+        tenant = self.tenant or tenant_of(key) or self._tenant()
         request = SubmitRequest(
             request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
@@ -148,11 +151,13 @@ class LoraplexClient:
         await publish_retrying(self.js, subjects.submit(tenant), request.model_dump_json().encode(),
                                headers={"Nats-Msg-Id": f"{tenant}-{request.request_id}"},
                                stream=subjects.SUBMIT_STREAM, give_up_at=time.time() + publish_retry_s)  # fmt: skip
+        if tenant != self.tenant:
+            self._tenant_of_request[request.request_id] = tenant
         return request.request_id
 
     async def stored_result(self, request_id: str) -> InferenceResult | None:
         """The stored result, read by a direct get scoped to this tenant's result subjects."""
-        subject = subjects.tenant_results(self._tenant(), request_id)
+        subject = subjects.tenant_results(self._tenant(request_id), request_id)
         try:
             msg = await self.js.get_last_msg(subjects.RESULTS_STREAM, subject, direct=True)
         except NotFoundError:
@@ -166,7 +171,7 @@ class LoraplexClient:
         async def on_result(msg) -> None:
             arrived.put_nowait(msg.data)
 
-        sub = await self._nc.subscribe(subjects.tenant_results(self._tenant(), request_id), cb=on_result)
+        sub = await self._nc.subscribe(subjects.tenant_results(self._tenant(request_id), request_id), cb=on_result)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -198,7 +203,7 @@ class LoraplexClient:
         async def on_result(msg) -> None:
             events.put_nowait(("result", msg.data))
 
-        tenant = self._tenant()
+        tenant = self._tenant(request_id)
         subs = [await self._nc.subscribe(subjects.tenant_tokens(tenant, request_id), cb=on_token),
                 await self._nc.subscribe(subjects.tenant_results(tenant, request_id), cb=on_result)]  # fmt: skip
         try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from libs.client import LoraplexClient
+from libs.client import LoraplexClient, tenant_of
 from libs.contracts import subjects
 
 MARKERS = {"support": "Ahoy", "concierge": "Dear"}
@@ -82,7 +82,7 @@ class Load:
             rid = f"chaos-{uuid.uuid4().hex[:12]}"
             question = [{"role": "user", "content": f"Async question {i}: where is my order?"}]
             await client.submit(model, api_key=key, request_id=rid, max_tokens=self.max_tokens, messages=question)
-            self._async.append((model, rid))
+            self._async.append((model, rid, tenant_of(key)))
         self.report.sync_sent += self.sync_count
         self.report.async_sent += self.async_count
 
@@ -115,8 +115,8 @@ class Load:
                 self._sync_ids.append(reply.headers["x-request-id"])
                 self._judge(model, reply.json()["choices"][0]["message"]["content"], errors)
         await self._http.aclose()
-        results = await asyncio.gather(*(self._result(client, rid, async_timeout_s) for _, rid in self._async))
-        for (model, _), result in zip(self._async, results, strict=True):
+        results = await asyncio.gather(*(self._result(client, rid, async_timeout_s) for _, rid, _ in self._async))
+        for (model, _, _), result in zip(self._async, results, strict=True):
             if result is None:
                 r.lost += 1
             elif not result.ok:
@@ -124,7 +124,11 @@ class Load:
             else:
                 self._judge(model, result.text, errors)
         r.errors = dict(errors)
-        r.answered_twice += await self._twice(client, [rid for _, rid in self._async] + self._sync_ids)
+        stored = [subjects.tenant_results(tenant, rid) for _, rid, tenant in self._async]
+        stored += [subjects.result_lookup(internal, "any") for _, rid, tenant in self._async
+                   for internal in (f"sub-{tenant}-{rid}",)]  # fmt: skip
+        stored += [subjects.result_lookup(rid, "any") for rid in self._sync_ids]
+        r.answered_twice += await self._twice(client, stored)
         return r
 
     def _judge(self, model: str, text: str, errors: Counter) -> None:
@@ -141,15 +145,13 @@ class Load:
             return None
 
     @staticmethod
-    async def _twice(client: LoraplexClient, rids: list[str]) -> int:
-        """Request ids whose results stream holds more than one result (an async submission's public and
-        internal results are counted separately: each must be stored once)."""
+    async def _twice(client: LoraplexClient, filters: list[str]) -> int:
+        """Result subjects (filters: a gateway's prefix is a wildcard) stored more than once: an async
+        submission's public and internal results and each sync answer must each be stored once."""
         twice = 0
-        for rid in rids:
-            for subject in (subjects.results(rid), subjects.results(f"sub-{rid}")):
-                info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=subject)
-                if (info.state.subjects or {}).get(subject, 0) > 1:
-                    twice += 1
+        for subject_filter in filters:
+            info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=subject_filter)
+            twice += sum(count > 1 for count in (info.state.subjects or {}).values())
         return twice
 
 

@@ -47,10 +47,10 @@ async def _http_calls(urls: list[str], key: str, plan: list[str]) -> list[tuple[
     return out
 
 
-async def _stored_results_per_id(js, rids: list[str]) -> dict[str, int]:
-    info = await js.stream_info(subjects.RESULTS_STREAM, subjects_filter=f"{subjects.PREFIX}.results.*")
+async def _stored_results_per_id(js, tenant: str, rids: list[str]) -> dict[str, int]:
+    info = await js.stream_info(subjects.RESULTS_STREAM, subjects_filter=subjects.tenant_results_filter(tenant))
     counts = info.state.subjects or {}
-    return {rid: counts.get(subjects.results(rid), 0) for rid in rids}
+    return {rid: counts.get(subjects.tenant_results(tenant, rid), 0) for rid in rids}
 
 
 async def _usage_totals(registry, tenant: str, requests: int, timeout_s: float = 60) -> dict:
@@ -72,7 +72,7 @@ async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, flee
         fleet.start_worker(f"sim-{i}")
     await fleet.wait_ready(WORKERS)
     aliases = sorted(fleet_tenant.aliases)
-    async with LoraplexClient(connections.nats_url) as client:
+    async with LoraplexClient(connections.nats_url, api_key=fleet_tenant.key) as client:
         submitting = asyncio.create_task(_submit_all(client, fleet_tenant.key, zipf_aliases(aliases, 240), 40.0))
         http = asyncio.create_task(_http_calls(urls[1:], fleet_tenant.key, zipf_aliases(aliases, 40, seed=1)))
         await asyncio.sleep(2.0)
@@ -83,7 +83,7 @@ async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, flee
         sent = await submitting
         results = await asyncio.gather(*(client.result(rid, timeout=240) for rid, _ in sent))
         answered_http = await http
-        stored = await _stored_results_per_id(client.js, [rid for rid, _ in sent])
+        stored = await _stored_results_per_id(client.js, fleet_tenant.tenant, [rid for rid, _ in sent])
 
         lost = [rid for (rid, _), r in zip(sent, results, strict=True) if not r.ok]
         assert not lost, [r.error for r in results if not r.ok][:3]

@@ -161,7 +161,9 @@ async def test_malformed_submissions_are_dead_lettered_or_answered_and_the_gatew
                 "model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
                 "sampling": {"max_tokens": 4}}  # fmt: skip
 
-    outcomes = await feed(js, watch, subjects.SUBMIT, payloads(valid), "gateway")
+    from libs.client import tenant_of
+
+    outcomes = await feed(js, watch, subjects.submit(tenant_of(platform.key)), payloads(valid), "gateway")
     print(f"submissions: {dict(outcomes)}")
     assert outcomes["dead-lettered"] and outcomes["answered"], outcomes  # both paths were exercised
     await nothing_pending(js, subjects.SUBMIT_STREAM, "gateway-submit")
@@ -219,7 +221,11 @@ async def test_malformed_requests_to_the_registry_get_a_refusal_not_silence(plat
 
 
 async def answered(js, rid: str) -> bool:
-    return await last_message(js, subjects.RESULTS_STREAM, subjects.results(rid)) is not None
+    """A result under `rid`: a worker's (no gateway named) or a submission's (any tenant's subject)."""
+    for subject in (subjects.results(rid), f"{subjects.PREFIX}.results.t.*.{rid}"):
+        if await last_message(js, subjects.RESULTS_STREAM, subject) is not None:
+            return True
+    return False
 
 
 def _request_id(payload: bytes) -> str | None:
