@@ -15,6 +15,7 @@ from libs.cli import (
     fleet_cmds,
     fleetview_cmds,
     model,
+    nats_cmds,
     plan,
     registry_cmds,
     simulate,
@@ -43,6 +44,7 @@ for module in (
     train_cmds,
     fleet_cmds,
     fleetview_cmds,
+    nats_cmds,
 ):
     module.register(app)
 

@@ -33,6 +33,29 @@ def _user(role: p.Role, passwords: dict[str, str] | None) -> str:
     return f"      {{ user: {json.dumps(role.user)}, password: {password}, permissions: {{ {body} }} }}"
 
 
+def helm_merge() -> dict:
+    """The same block as `config.merge` values of the official NATS Helm chart (infra/helm/nats-values.yaml):
+    YAML, with the chart's `<< $VAR >>` for environment references (its container env reads the Secret)."""
+    accounts: dict = {}
+    for account in (p.ACCOUNT, p.CALLOUT_ACCOUNT, p.SYSTEM_ACCOUNT):
+        users = []
+        for role in (r for r in p.ROLES if r.account == account):
+            publish = role.publish_allow()
+            perms: dict = {"publish": {"allow": publish} if publish else {"deny": [">"]},
+                           "subscribe": {"allow": role.subscribe_allow()}}  # fmt: skip
+            if role.answers:
+                perms["allow_responses"] = True
+            users.append({"user": role.user, "password": f"<< ${role.env_var} >>", "permissions": perms})
+        accounts[account] = {"users": users, **({"jetstream": "enabled"} if account == p.ACCOUNT else {})}
+    auth_users = [role.user for role in p.ROLES]
+    return {
+        "accounts": accounts,
+        "system_account": p.SYSTEM_ACCOUNT,
+        "authorization": {"auth_callout": {"issuer": f"<< ${ISSUER_ENV} >>", "account": p.CALLOUT_ACCOUNT,
+                                           "auth_users": auth_users}},  # fmt: skip
+    }
+
+
 def render(passwords: dict[str, str] | None = None, issuer: str | None = None) -> str:
     """The config block. `passwords` by user (None: environment references); `issuer` is the auth
     callout's account public key (None: `$LPX_NATS_CALLOUT_ISSUER`)."""

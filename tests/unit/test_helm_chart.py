@@ -19,6 +19,9 @@ from libs.settings import ConnectionSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "infra" / "k8s" / "loraplex"
+# The Secret's NATS keys (README "NATS authorization"): every service's user, the callout's.
+NATS_KEYS = ("natsGateway", "natsWorker", "natsRegistry", "natsEvalGate", "natsTrainer", "natsCallout", "natsSystem",
+             "natsAdmin", "natsCalloutSeed", "natsCalloutIssuer")
 KUBERNETES_VERSION = "1.30.0"
 HELM = shutil.which("helm", path=str(Path(sys.executable).parent)) or shutil.which("helm")
 
@@ -104,6 +107,7 @@ def test_every_object_validates_against_the_kubernetes_api_schemas(variant):
             "secrets.values.s3SecretKey=b",
             "--set",
             "secrets.values.adminToken=c",
+            *[f"--set=secrets.values.{key}=n" for key in NATS_KEYS],
         ],
     }[variant]
     docs = render(*args)
@@ -458,14 +462,16 @@ def test_a_chart_made_secret_exists_before_the_migrations_job_needs_it():
     docs = render(
         "--set",
         "secrets.create=true",
-        *[f"--set=secrets.values.{key}=v" for key in ("pgDsn", "s3AccessKey", "s3SecretKey", "adminToken")],
+        *[f"--set=secrets.values.{key}=v" for key in ("pgDsn", "s3AccessKey", "s3SecretKey", "adminToken", *NATS_KEYS)],
     )
     secret = one(docs, "Secret", "loraplex")
     job = one(docs, "Job", "migrations")
     assert int(secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
         job["metadata"]["annotations"]["helm.sh/hook-weight"]
     )
-    assert set(secret["stringData"]) == {"pg-dsn", "s3-access-key", "s3-secret-key", "admin-token"}
+    chart_keys = yaml.safe_load((CHART / "values.yaml").read_text())["secrets"]["keys"]
+    assert set(secret["stringData"]) == {"pg-dsn", "s3-access-key", "s3-secret-key", "admin-token",
+                                         *(chart_keys[key] for key in NATS_KEYS)}  # fmt: skip
 
 
 def test_nats_comes_from_the_official_chart_as_a_three_node_jetstream_cluster():
@@ -501,3 +507,26 @@ def test_schema_is_valid_json_schema():
     import jsonschema
 
     jsonschema.Draft7Validator.check_schema(json.loads((CHART / "values.schema.json").read_text()))
+
+
+def test_every_service_connects_to_nats_as_its_own_user():
+    from libs.natsauth import permissions
+
+    docs = render()
+    users = {}
+    for doc in docs:
+        if doc.get("kind") not in ("Deployment", "StatefulSet"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            if "LPX_NATS_USER" in env:
+                users[container["name"]] = env["LPX_NATS_USER"]["value"]
+                assert env["LPX_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "loraplex"
+    # Each container's NATS user is its own service's, and every service role is used.
+    assert users == {"gateway": "gateway", "registry": "registry", "trainer": "trainer", "eval-gate": "eval-gate",
+                     "worker": "worker"}  # fmt: skip
+    assert set(users.values()) == {role.user for role in permissions.SERVICE_ROLES}
+    registry = next(doc for doc in docs if doc.get("kind") == "Deployment" and "registry" in doc["metadata"]["name"])
+    env = {e["name"]: e for e in registry["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LPX_REGISTRY_NATS_CALLOUT_SEED"]["valueFrom"]["secretKeyRef"]["key"] == "nats-callout-seed"
+    assert "$(NATS_PASSWORD_CALLOUT)" in env["LPX_NATS_PASSWORDS"]["value"]

@@ -36,3 +36,14 @@ def test_per_gateway_result_and_token_subjects_are_stored_and_separate():
     assert subjects._matches(subjects.results_to_filter("gw-a"), subjects.results_to("gw-a", "r1"))
     assert not subjects._matches(subjects.results_to_filter("gw-b"), subjects.results_to("gw-a", "r1"))
     assert subjects.worker_durable("p", "w1") == "w-p-w1"
+
+
+def test_tenant_scoped_subjects_name_their_tenant_and_nothing_else():
+    assert subjects.submitter_of(subjects.submit("acme")) == "acme"
+    for other in ("lpx.submit", "lpx.submit.a.b", "lpx.results.acme", "lpx.submit.*"):
+        assert subjects.submitter_of(other) is None
+    assert subjects.stream_of(subjects.submit("acme")) == subjects.SUBMIT_STREAM
+    assert subjects.stream_of(subjects.tenant_results("acme", "r1")) == subjects.RESULTS_STREAM
+    assert subjects._matches(subjects.tenant_results_filter("acme"), subjects.tenant_results("acme", "r1"))
+    assert not subjects._matches(subjects.tenant_results_filter("acme"), subjects.tenant_results("acme2", "r1"))
+    assert not subjects._matches(subjects.tenant_results_filter("acme"), subjects.results_to("gw", "r1"))

@@ -29,3 +29,14 @@ def test_malformed_keys_do_not_parse():
     for bad in ("", "garbage", good + "\n", good[:-1], good.replace("lpx_", "sk_"), good + "0", " " + good,
                 good.replace("acme", "ACME")):  # fmt: skip
         assert keys.parse(bad) is None, bad
+
+
+def test_a_nats_credential_is_its_own_kind_and_never_an_api_key():
+    from libs.client import tenant_of
+
+    nats_cred = keys.generate("acme", keys.NATS)
+    assert nats_cred.plaintext.startswith("lpxn_acme_") and nats_cred.kind == keys.NATS
+    parsed = keys.parse(nats_cred.plaintext)
+    assert parsed.kind == keys.NATS and parsed.tenant == "acme" and keys.matches(parsed, nats_cred.key_hash)
+    assert keys.parse(keys.generate("acme").plaintext).kind == keys.INFERENCE
+    assert tenant_of(nats_cred.plaintext) == "acme" and tenant_of("lpx_nope") is None

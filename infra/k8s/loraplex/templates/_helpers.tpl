@@ -57,6 +57,13 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{ include "loraplex.secretEnv" (dict "root" . "name" "LPX_S3_SECRET_KEY" "key" "s3SecretKey") }}
 {{- end -}}
 
+{{/* The service's own NATS user (libs/natsauth/permissions.py) and its password from the Secret. */}}
+{{- define "loraplex.natsEnv" -}}
+- name: LPX_NATS_USER
+  value: {{ .user | quote }}
+{{ include "loraplex.secretEnv" (dict "root" .root "name" "LPX_NATS_PASSWORD" "key" .key) }}
+{{- end -}}
+
 {{/* Per-service settings: LPX_<SERVICE>_<NAME> for the log, metrics and any extraEnv. */}}
 {{- define "loraplex.serviceEnv" -}}
 - name: {{ printf "LPX_%s_LOG_FORMAT" .prefix }}
