@@ -44,15 +44,20 @@ def nats_secrets() -> None:
 
 
 @nats_app.command("permissions")
-def nats_permissions(tenant: str = typer.Option("<tenant>", help="show a tenant connection's for this name")) -> None:
+def nats_permissions(tenant: str = typer.Option("TENANT", help="show a tenant connection's for this name"),
+                     markdown: bool = typer.Option(False, "--markdown", help="the README's table")) -> None:
     """What each NATS user may publish and subscribe to (libs/natsauth/permissions.py)."""
     from libs.natsauth import permissions
+
+    if markdown:
+        typer.echo(permissions.markdown_table(), nl=False)
+        return
 
     table = Table("user", "account", "for", "publish", "subscribe", show_lines=True)
     for role in permissions.ROLES:
         table.add_row(role.user, role.account, role.doc, "\n".join(role.publish_allow()),
                       "\n".join(role.subscribe_allow()))  # fmt: skip
-    allowed = permissions.tenant_permissions(tenant.replace("<", "").replace(">", "") or "tenant")
+    allowed = permissions.tenant_permissions(tenant)
     table.add_row(f"tenant:{tenant}", permissions.ACCOUNT, "a tenant's async client (auth callout)",
                   "\n".join(allowed.publish), "\n".join(allowed.subscribe))  # fmt: skip
     out.print(table)

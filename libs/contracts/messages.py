@@ -500,10 +500,12 @@ class PrewarmCommand(Message):
 
 
 class SubmitRequest(Message):
-    """Async submission: caller -> gateway on `subjects.SUBMIT` (JetStream, Nats-Msg-Id = request_id).
+    """Async submission: a tenant -> gateway on `subjects.submit(tenant)` (JetStream, Nats-Msg-Id =
+    `<tenant>-<request_id>`; the broker lets a tenant's credential publish on its own subject only).
 
-    The final InferenceResult lands on `subjects.results(request_id)` in the RESULTS stream; with
-    `stream`, TokenDeltas are relayed on `subjects.tokens(request_id)` (core NATS, ephemeral).
+    The final InferenceResult lands on `subjects.tenant_results(tenant, request_id)` in the RESULTS
+    stream; with `stream`, TokenDeltas are relayed on `subjects.tenant_tokens(tenant, request_id)` (core
+    NATS, ephemeral). Only that tenant's credential can read either.
     Resubmitting the same request_id never generates twice. Ids are at most 100 characters (the
     gateway derives its internal work id from it)."""
 

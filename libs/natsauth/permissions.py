@@ -153,3 +153,26 @@ def tenant_permissions(tenant: str) -> TenantPermissions:
         publish=[s.submit(tenant), s.direct_get_last(s.RESULTS_STREAM, results)],
         subscribe=[results, s.tenant_tokens_filter(tenant), s.tenant_inbox_prefix(tenant) + ".>"],
     )
+
+
+def markdown_table() -> str:
+    """The README's permissions table (tests/unit/test_nats_authorization.py keeps the README's copy equal)."""
+    rows = ["| user | account | for | may publish / use | may subscribe |", "|---|---|---|---|---|"]
+    for role in ROLES:
+        if role.full:
+            rows.append(f"| `{role.user}` | {role.account} | {role.doc} | everything | everything |")
+            continue
+        uses = [f"{verb} {', '.join(names)}" for verb, names in (("consume", role.consume), ("read", role.read),
+                ("KV", role.buckets), ("purge", role.purge)) if names]  # fmt: skip
+        uses += ["provisioning"] if role.provision else []
+        uses += ["replies (allow_responses)"] if role.answers else []
+        publish = "; ".join([_codes(role.publish), *uses])
+        rows.append(f"| `{role.user}` | {role.account} | {role.doc} | {publish} | {_codes(role.subscribe)} |")
+    tenant = tenant_permissions("TENANT")
+    rows.append(f"| `tenant:TENANT` | {ACCOUNT} | a tenant's async client, through the auth callout | "
+                f"{_codes(tenant.publish)} | {_codes(tenant.subscribe)} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+def _codes(items) -> str:
+    return ", ".join(f"`{item}`" for item in items) or "-"

@@ -89,3 +89,9 @@ def test_jwt_round_trips_and_refuses_a_forged_signature():
         jwt.decode(f"{header}.{body}.{forged}")
     with pytest.raises(jwt.JwtError):
         jwt.decode("not-a-jwt")
+
+
+def test_the_readme_permissions_table_is_the_table_in_the_code():
+    assert permissions.markdown_table() in (ROOT / "README.md").read_text(), (
+        "README's NATS permissions table is stale: `lpx nats permissions --markdown`"
+    )
