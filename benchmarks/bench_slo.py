@@ -118,7 +118,9 @@ async def run(stack, state: Path, keys: dict[str, str], args, name: str, fair: s
     try:
         await fleet.wait_ready(args.workers)
         async with (
-            LoraplexClient(nats_url, api_key=keys[BATCH], user=operator.get("user"), password=operator.get("password")) as lpx,
+            LoraplexClient(
+                nats_url, api_key=keys[BATCH], user=operator.get("user"), password=operator.get("password")
+            ) as lpx,
             httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=1000)) as http,
         ):
             backlog = Backlog(lpx, args.backlog_size, args.tokens)

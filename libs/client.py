@@ -42,7 +42,6 @@ from libs.contracts import (
 )
 from libs.settings import nats_servers
 
-
 # Both kinds of tenant secret name their tenant: lpx_<tenant>_... (API key), lpxn_<tenant>_... (NATS).
 _TENANT_OF_SECRET = re.compile(r"lpxn?_(?P<tenant>[a-z0-9][a-z0-9-]{0,62})_[0-9a-f]{16}_[0-9a-f]{64}")
 

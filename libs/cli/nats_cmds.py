@@ -44,8 +44,10 @@ def nats_secrets() -> None:
 
 
 @nats_app.command("permissions")
-def nats_permissions(tenant: str = typer.Option("TENANT", help="show a tenant connection's for this name"),
-                     markdown: bool = typer.Option(False, "--markdown", help="the README's table")) -> None:
+def nats_permissions(
+    tenant: str = typer.Option("TENANT", help="show a tenant connection's for this name"),
+    markdown: bool = typer.Option(False, "--markdown", help="the README's table"),
+) -> None:
     """What each NATS user may publish and subscribe to (libs/natsauth/permissions.py)."""
     from libs.natsauth import permissions
 

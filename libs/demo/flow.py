@@ -75,7 +75,6 @@ async def train_all(nats_url: str, datasets: dict[str, dict], skip: set[str], lo
     from nats.js.api import DeliverPolicy
 
     from libs.contracts import DatasetRef, TrainJob, TrainProgress, subjects
-
     from libs.settings import ConnectionSettings
 
     nc = await nats.connect(nats_url, **ConnectionSettings.load().nats_auth("admin"))

@@ -51,8 +51,9 @@ def helm_merge() -> dict:
     return {
         "accounts": accounts,
         "system_account": p.SYSTEM_ACCOUNT,
-        "authorization": {"auth_callout": {"issuer": f"<< ${ISSUER_ENV} >>", "account": p.CALLOUT_ACCOUNT,
-                                           "auth_users": auth_users}},  # fmt: skip
+        "authorization": {
+            "auth_callout": {"issuer": f"<< ${ISSUER_ENV} >>", "account": p.CALLOUT_ACCOUNT, "auth_users": auth_users}
+        },  # fmt: skip
     }
 
 

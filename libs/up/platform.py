@@ -366,7 +366,9 @@ def _heartbeats(worker_ids: list[str]) -> set[str]:
     async def read() -> set[str]:
         try:
             conn = ConnectionSettings.load()
-            nc = await nats.connect(conn.nats_servers, connect_timeout=2, max_reconnect_attempts=0, **conn.nats_auth("admin"))
+            nc = await nats.connect(
+                conn.nats_servers, connect_timeout=2, max_reconnect_attempts=0, **conn.nats_auth("admin")
+            )
         except Exception:  # noqa: BLE001 - the broker away: nobody counts as beating
             return set()
         try:

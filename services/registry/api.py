@@ -323,9 +323,10 @@ async def add_nats_credential(tenant: Name, ctx: Ctx) -> NatsCredentialCreated:
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
         key = await tenants.add_key(session, row, keys.NATS)
-    conn = ctx.settings.connections
-    return NatsCredentialCreated(tenant=tenant, key_id=key.key_id, nats_user=f"tenant:{tenant}",
-                                 credential=key.plaintext, nats_url=ctx.settings.nats_public_url or conn.nats_url)  # fmt: skip
+    url = ctx.settings.nats_public_url or ctx.settings.connections.nats_url
+    return NatsCredentialCreated(
+        tenant=tenant, key_id=key.key_id, nats_user=f"tenant:{tenant}", credential=key.plaintext, nats_url=url
+    )
 
 
 @admin.post("/base-models", status_code=201, tags=["base models"], responses=documented(409))

@@ -3,7 +3,8 @@
 Format: `lpx_<tenant>_<key id>_<secret>` for an inference key (HTTP and the async client's messages),
 `lpxn_<tenant>_<key id>_<secret>` for a NATS credential (the password of the tenant's broker
 connection, checked by the registry's auth callout). The two kinds share one table and one id space
-(`lpx tenant keys` lists both, `lpx tenant revoke-key` revokes either) but are never interchangeable. The tenant and key id are not secret: the tenant lets the
+(`lpx tenant keys` lists both, `lpx tenant revoke-key` revokes either) but are never interchangeable.
+The tenant and key id are not secret: the tenant lets the
 gateway name the tenant in a ResolveRequest before anything is verified, the key id finds the row.
 The secret is 256 random bits, so a plain sha256 is enough (nothing to brute-force; a slow hash
 would only slow down every request); comparison is constant-time.
@@ -21,7 +22,9 @@ KEY_PREFIX = "lpx"
 INFERENCE = "inference"
 NATS = "nats"
 PREFIXES = {INFERENCE: KEY_PREFIX, NATS: "lpxn"}
-_KEY = re.compile(r"(?P<prefix>lpxn?)_(?P<tenant>[a-z0-9][a-z0-9-]{0,62})_(?P<key_id>[0-9a-f]{16})_(?P<secret>[0-9a-f]{64})")
+_KEY = re.compile(
+    r"(?P<prefix>lpxn?)_(?P<tenant>[a-z0-9][a-z0-9-]{0,62})_(?P<key_id>[0-9a-f]{16})_(?P<secret>[0-9a-f]{64})"
+)
 
 
 @dataclass(frozen=True)

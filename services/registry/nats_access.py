@@ -96,7 +96,11 @@ class NatsAccess:
         except Exception as exc:  # noqa: BLE001 - PostgreSQL away: refuse this one, the client retries
             answer = {"error": "the registry cannot check credentials right now"}
             log.warning("NATS connection refused: credentials unavailable (%s)", type(exc).__name__)
-        claims = {"sub": user_nkey, "aud": server_id, "nats": {**answer, "type": "authorization_response", "version": 2}}
+        claims = {
+            "sub": user_nkey,
+            "aud": server_id,
+            "nats": {**answer, "type": "authorization_response", "version": 2},
+        }
         await msg.respond(jwt.encode(claims, self.issuer).encode())
 
     async def _check(self, user: str, credential: str) -> tuple[str, str]:

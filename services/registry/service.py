@@ -14,11 +14,11 @@ from libs.broker import BrokerLink
 from libs.messaging import make_broker
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver, usage
-from services.registry.nats_access import NatsAccess
 from services.registry.bases import seed_catalog
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
 from services.registry.deadletters import DeadLetters
+from services.registry.nats_access import NatsAccess
 from services.registry.outbox import OutboxRelay, jetstream_publisher
 from services.registry.settings import RegistrySettings
 

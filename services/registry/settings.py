@@ -47,7 +47,7 @@ class RegistrySettings(ServiceSettings):
     # A tenant connection's permissions expire after this long and the client re-authenticates (a
     # revocation also disconnects at once; this bounds one that could not reach the broker).
     nats_tenant_session_s: int = Field(3600, ge=60)
-    nats_public_url: str | None = Field(None, description="the NATS URL tenants are told to use (default: LPX_NATS_URL)")
+    nats_public_url: str | None = Field(None, description="the NATS URL tenants are told (default: LPX_NATS_URL)")
 
     # --- start-up ------------------------------------------------------------------------------
     migrate_on_start: bool = True

@@ -64,9 +64,9 @@ async def _live_key(session: AsyncSession, tenant_name: str, secret: str, kind: 
     parsed = keys.parse(secret)
     if parsed is None or parsed.tenant != tenant_name or parsed.kind != kind:
         raise refused
-    row = (await session.exec(
-        select(ApiKey, Tenant).join(Tenant, col(ApiKey.tenant_id) == col(Tenant.id))
-        .where(ApiKey.key_id == parsed.key_id, ApiKey.kind == kind, col(ApiKey.revoked_at).is_(None)))).first()  # fmt: skip
+    live = (ApiKey.key_id == parsed.key_id, ApiKey.kind == kind, col(ApiKey.revoked_at).is_(None))
+    query = select(ApiKey, Tenant).join(Tenant, col(ApiKey.tenant_id) == col(Tenant.id)).where(*live)
+    row = (await session.exec(query)).first()
     if row is None:
         raise refused
     key, tenant = row

@@ -94,7 +94,7 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
 
     async def build(nats_nodes: int) -> Platform:
         stack, state = await asyncio.to_thread(_new_stack, nats_nodes)
-        teardown.append(lambda: (stack.down(), shutil.rmtree(state, ignore_errors=True)))
+        teardown.append(lambda: _down(stack, state))
         conn = operator_view(ConnectionSettings.load(stack.env_file), stack.env_file)
         dsn = await create_database(conn)
         registry_cm = running_registry(registry_settings(conn, dsn))
@@ -124,6 +124,16 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
         result = step()
         if asyncio.iscoroutine(result):
             await result
+
+
+def _down(stack, state: Path) -> None:
+    """Stop the drill's stack; fail if a service user hit a NATS permission violation meanwhile."""
+    from tests.conftest import service_violations
+
+    violations = service_violations(state)
+    stack.down()
+    shutil.rmtree(state, ignore_errors=True)
+    assert not violations, "service users hit NATS permission violations:\n" + "\n".join(violations[:20])
 
 
 async def _stop(platform: Platform, registry_cm) -> None:

@@ -31,3 +31,18 @@ async def test_broker_sigkill_and_restart_loses_nothing(platform, chaos_report, 
     gateway = platform.gateway.gateway
     assert gateway.link.connected and gateway.link.reconnects >= 1
     assert not gateway.dispatcher.jobs
+
+
+async def test_a_tenant_connects_and_is_answered_after_the_broker_restarts(platform):
+    """The registry's auth callout reconnects and subscribes again on its own: a tenant's NATS credential,
+    issued after the restarts above, connects and gets its answer through its own subjects."""
+    from libs.client import LoraplexClient
+    from libs.settings import ConnectionSettings
+
+    reply = await platform.registry.client.post(f"/v1/tenants/{platform.tenant_a}/nats-credentials")
+    assert reply.status_code == 201, reply.text
+    url = ConnectionSettings.load(platform.stack.env_file).nats_url  # no operator credentials in it
+    async with LoraplexClient(url, api_key=platform.key_a, nats_credential=reply.json()["credential"]) as lpx:
+        rid = await lpx.submit("support", messages=[{"role": "user", "content": "Where is my order?"}], max_tokens=8)
+        result = await lpx.result(rid, timeout=120)
+    assert result.ok and result.adapter_digest_applied == platform.digest_a, result

@@ -65,7 +65,8 @@ async def _until(predicate, timeout_s: float = 20.0) -> None:
 
 async def test_link_rides_out_a_broker_restart(own_nats, caplog):
     caplog.set_level(logging.INFO, logger="libs.broker")
-    link = BrokerLink(ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True), "t-link", streams=[SPEC], buckets=[BUCKET])
+    conn = ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True)
+    link = BrokerLink(conn, "t-link", streams=[SPEC], buckets=[BUCKET])
     hooks: list[float] = []
 
     async def hook() -> None:

@@ -191,7 +191,9 @@ async def test_a_service_credential_does_only_its_own_job(fenced):
         assert await worker.refused(lambda: worker.nc.publish(subjects.submit("someone"), b"{}"))
         assert await worker.refused(lambda: worker.subscribe(subjects.EVENTS_ALL))
         assert await gateway.refused(lambda: gateway.nc.publish(subjects.adapter_event("activated"), b"{}"))
-        assert await gateway.refused(lambda: gateway.nc.publish(f"$JS.API.STREAM.DELETE.{subjects.RESULTS_STREAM}", b""))
+        assert await gateway.refused(
+            lambda: gateway.nc.publish(f"$JS.API.STREAM.DELETE.{subjects.RESULTS_STREAM}", b"")
+        )
         # ... while its own job goes through.
         assert not await worker.refused(lambda: worker.nc.publish(subjects.worker_load("default", "w1"), b"{}"))
     finally:

@@ -81,7 +81,8 @@ def _covers(pattern: str, subject: str) -> bool:
 
 
 def test_every_published_subject_lands_in_exactly_one_stream():
-    samples = [subjects.infer("p", "w", "a"), subjects.infer_any("p", "a"), subjects.submit("t1"), subjects.results("r1"),
+    samples = [subjects.infer("p", "w", "a"), subjects.infer_any("p", "a"), subjects.submit("t1"),
+               subjects.results("r1"),
                subjects.tenant_results("t1", "r1"),
                subjects.adapter_event("registered"), subjects.EVALUATED, subjects.TRAIN_JOBS,
                subjects.train_progress("j1"), subjects.dead_letter("gateway")]  # fmt: skip
@@ -90,7 +91,9 @@ def test_every_published_subject_lands_in_exactly_one_stream():
         assert len(owners) == 1, (sample, owners)
     # Ephemeral subjects must not be captured by any stream. (Training progress is stored for a day, so
     # that a CLI attaching late still sees where its job is.)
-    for ephemeral in (subjects.tokens("r1"), subjects.tenant_tokens("t1", "r1"), subjects.RESOLVE, subjects.EVAL_CONTEXT, subjects.prewarm("p")):
+    ephemerals = (subjects.tokens("r1"), subjects.tenant_tokens("t1", "r1"), subjects.RESOLVE, subjects.EVAL_CONTEXT,
+                  subjects.prewarm("p"))  # fmt: skip
+    for ephemeral in ephemerals:
         assert not any(_covers(p, ephemeral) for s in subjects.STREAMS for p in s.subjects), ephemeral
 
 

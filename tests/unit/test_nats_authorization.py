@@ -21,7 +21,9 @@ NATS_DIR = ROOT / "infra/nats"
 
 
 def test_committed_auth_conf_is_the_rendered_permissions_table():
-    assert (NATS_DIR / "auth.conf").read_text() == server_config.render(), "run `lpx nats config > infra/nats/auth.conf`"
+    assert (NATS_DIR / "auth.conf").read_text() == server_config.render(), (
+        "run `lpx nats config > infra/nats/auth.conf`"
+    )
 
 
 @pytest.mark.parametrize("name", ["single", "cluster-1", "cluster-2", "cluster-3"])
@@ -35,11 +37,15 @@ def test_every_shipped_nats_config_parses_with_authorization(name):
     env.update({role.env_var: "pw" for role in permissions.ROLES})
     text = (NATS_DIR / f"{name}.conf").read_text()
     assert "include ./auth.conf" in text
-    checked = subprocess.run([binary, "-t", "-c", str(NATS_DIR / f"{name}.conf")], env=env, capture_output=True, text=True)
+    checked = subprocess.run(
+        [binary, "-t", "-c", str(NATS_DIR / f"{name}.conf")], env=env, capture_output=True, text=True
+    )
     assert checked.returncode == 0, checked.stderr + checked.stdout
     # Without its secrets the server refuses to start rather than run open.
     del env[permissions.GATEWAY.env_var]
-    refused = subprocess.run([binary, "-t", "-c", str(NATS_DIR / f"{name}.conf")], env=env, capture_output=True, text=True)
+    refused = subprocess.run(
+        [binary, "-t", "-c", str(NATS_DIR / f"{name}.conf")], env=env, capture_output=True, text=True
+    )
     assert refused.returncode != 0 and permissions.GATEWAY.env_var in refused.stderr + refused.stdout
 
 
