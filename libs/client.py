@@ -139,7 +139,9 @@ class LoraplexClient:
         key = api_key or self.api_key
         if not key:
             raise ValueError("an API key is required (LoraplexClient(api_key=...) or submit(api_key=...))")
-        tenant = self.tenant or tenant_of(key) or self._tenant()
+        # A tenant's credential publishes on its own subject only; a service account (operator tools,
+        # tests) submits for whichever tenant the key names.
+        tenant = (self.tenant if self.nats_credential else tenant_of(key)) or self._tenant()
         request = SubmitRequest(
             request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
