@@ -50,6 +50,7 @@ class NatsAccess:
         self.callout_nc = None
         self.system_nc = None
         self.answered = {"allowed": 0, "refused": 0}
+        self._answering: set[asyncio.Task] = set()
 
     @property
     def enabled(self) -> bool:
@@ -60,7 +61,7 @@ class NatsAccess:
             log.warning("no LPX_REGISTRY_NATS_CALLOUT_SEED: tenants cannot connect to NATS (async submission)")
             return
         self.callout_nc = await self._connect(permissions.CALLOUT.user)
-        await self.callout_nc.subscribe(permissions.CALLOUT_SUBJECT, queue=QUEUE, cb=self._answer)
+        await self.callout_nc.subscribe(permissions.CALLOUT_SUBJECT, queue=QUEUE, cb=self._answer_soon)
         self.system_nc = await self._connect(permissions.SYSTEM.user)
         log.info("answering NATS auth callout for tenant connections")
 
@@ -76,6 +77,13 @@ class NatsAccess:
                     await nc.drain()
 
     # --- the callout -----------------------------------------------------------------------------
+    async def _answer_soon(self, msg) -> None:
+        """nats-py runs one callback at a time per subscription: each question gets its own task, so a
+        burst of tenant connects does not wait in line behind each other's database lookups."""
+        task = asyncio.create_task(self._answer(msg))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
     async def _answer(self, msg) -> None:
         try:
             request = jwt.decode(msg.data.decode(), verify=True)["nats"]
