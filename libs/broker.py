@@ -126,7 +126,7 @@ class BrokerLink:
     ) -> None:
         self.connections = connections
         self.name = name
-        # The NATS user it connects as (libs/natsauth/permissions.py); the name's first word by default.
+        # The NATS user it connects as (libs/natsauth/permissions.py); the link's name by default.
         self.role = role or name
         self.streams = tuple(streams)
         self.buckets = list(buckets)
