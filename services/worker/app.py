@@ -23,6 +23,7 @@ from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
 from services.worker.admission import AdapterAdmission
 from services.worker.disk_cache import DiskCache
+from services.worker.engine_admission import EngineAdmission
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
 from services.worker.processor import RequestProcessor
@@ -30,6 +31,7 @@ from services.worker.settings import WorkerSettings
 from services.worker.tiers import AdapterTiers
 
 log = logging.getLogger(__name__)
+FOLLOW_UP_S = 0.01  # the longest a burst's follow-up pull waits when nothing else is stored
 
 
 class Capacity:
@@ -75,8 +77,7 @@ class Worker:
             max_cpu_loras=settings.max_cpu_loras,
         )  # fmt: skip
         self.capacity = Capacity(settings.capacity)
-        self.admission = (AdapterAdmission(settings.max_loras, settings.max_adapter_wait_s)
-                          if settings.admission == "grouped" else None)  # fmt: skip
+        self.admission = _admission(settings)
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.handed_off = 0
@@ -165,7 +166,7 @@ class Worker:
         while not self._stopping.is_set():
             room = min(16, await self.capacity.wait_for_room())
             try:
-                msgs = await sub.fetch(batch=room, timeout=timeout_s)
+                msgs = await _fetch_arrived(sub, room, timeout_s)
             except (TimeoutError, NatsTimeout):
                 state.ok()
                 continue
@@ -278,6 +279,29 @@ class Worker:
                 log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
         log.info("prewarmed adapters", extra={"count": len(warmed)})
         return warmed
+
+
+async def _fetch_arrived(sub, room: int, timeout_s: float) -> list:
+    """The next message as soon as it arrives, then whatever else is already waiting, up to `room`.
+
+    Not one `fetch(batch=room)`: once its long poll gets a first message, nats-py waits for the rest of
+    the batch until the poll expires, so a request arriving at an idle worker sat up to `timeout_s` in
+    the client before reaching the engine (the TTFT gap to `vllm serve`). The follow-up pull answers at
+    once when messages are stored (the server's no-wait probe) and waits at most `FOLLOW_UP_S` when none
+    are; a message it catches later stays in the subscription's queue for the next call."""
+    msgs = await sub.fetch(batch=1, timeout=timeout_s)
+    if room > 1:
+        with contextlib.suppress(TimeoutError, NatsTimeout):
+            msgs += await sub.fetch(batch=room - 1, timeout=FOLLOW_UP_S)
+    return msgs
+
+
+def _admission(settings: WorkerSettings) -> AdapterAdmission | EngineAdmission | None:
+    if settings.admission == "engine":
+        return EngineAdmission(settings.max_adapter_wait_s)
+    if settings.admission == "grouped":
+        return AdapterAdmission(settings.max_loras, settings.max_adapter_wait_s)
+    return None
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> bool:

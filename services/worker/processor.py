@@ -36,6 +36,7 @@ from libs.engine import GenerationRequest, RequestRejected, TokenLogprobs
 from libs.messaging import dead_letter
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
+from services.worker.engine_admission import EngineAdmission, Ticket
 from services.worker.metrics import WorkerMetrics
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
 
@@ -80,9 +81,10 @@ class _Outcome:
 
 class RequestProcessor:
     def __init__(self, *, worker_id: str, nc, js, engine, tiers: AdapterTiers, metrics: WorkerMetrics,
-                 ack_wait_s: float, admission: AdapterAdmission | None = None) -> None:  # fmt: skip
+                 ack_wait_s: float, admission: AdapterAdmission | EngineAdmission | None = None,
+                 ) -> None:  # fmt: skip
         self.worker_id = worker_id
-        self.admission = admission  # None: every request goes to the engine at once (FIFO in vLLM)
+        self.admission = admission  # None: every request goes to the engine at once, unguarded
         self.nc, self.js = nc, js
         self.engine = engine
         self.tiers = tiers
@@ -138,9 +140,9 @@ class RequestProcessor:
             timings["adapter_load_s"] = lease.load_s
         keepalive = asyncio.create_task(self._keep_in_progress(msg))  # slot waits and generation alike
         try:
-            async with self._admitted(lease) as waited:
-                timings["admission_wait_s"] = waited
-                outcome = await self._generate(request, lease)
+            async with self._admitted(lease) as ticket:
+                timings["admission_wait_s"] = ticket.waited
+                outcome = await self._generate(request, lease, ticket.started)
         except RequestRejected as exc:  # the request asked for something the engine cannot do
             log.info("engine refused a request", extra={"request_id": request.request_id, "reason": str(exc)})
             return self._error(request, "bad_request", str(exc), timings)
@@ -169,14 +171,16 @@ class RequestProcessor:
     async def _admitted(self, lease: AdapterLease | None):
         """A place in the engine: at once for the base model or without admission control."""
         if self.admission is None:
-            yield 0.0
+            yield Ticket(0.0)
             return
-        async with self.admission.admitted(lease.spec.digest if lease else None) as waited:
+        async with self.admission.admitted(lease.spec.digest if lease else None) as place:
+            ticket = place if isinstance(place, Ticket) else Ticket(place)  # grouped admission yields the wait
             if lease is not None:
-                self.metrics.admission_wait_seconds.record(waited)
-            yield waited
+                self.metrics.admission_wait_seconds.record(ticket.waited)
+            yield ticket
 
-    async def _generate(self, request: InferenceRequest, lease: AdapterLease | None) -> _Outcome:
+    async def _generate(self, request: InferenceRequest, lease: AdapterLease | None,
+                        on_started=lambda: None) -> _Outcome:  # fmt: skip
         s = request.sampling
         gen = GenerationRequest(
             request_id=request.request_id, prompt=request.prompt,
@@ -191,6 +195,7 @@ class RequestProcessor:
         if s.logprobs is not None:
             out.logprobs = []
         async for chunk in self.engine.generate(gen):
+            on_started()  # the engine scheduled it (idempotent): the admission guard stops counting its wait
             if chunk.text and not out.ttft_s:
                 out.ttft_s = time.monotonic() - started
                 out.first_token_at = time.time()

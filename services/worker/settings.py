@@ -41,10 +41,16 @@ class WorkerSettings(ServiceSettings):
     cpu_kvcache_gib: int = 1
     # Requests generated concurrently (what the worker pulls from JetStream at most).
     capacity: int = 16
-    # Adapter-aware admission: requests grouped by adapter into the engine's max_loras slots, no request
-    # waiting for a slot much past `max_adapter_wait_s`; "fifo" hands everything to the engine at once.
-    admission: Literal["grouped", "fifo"] = "grouped"
-    max_adapter_wait_s: float = Field(2.0, gt=0)
+    # How requests reach the engine. "engine" (default): at once, vLLM's scheduler queues them for its
+    # max_loras slots, and a guard holds newcomers of other adapters once an adapter request has waited
+    # `max_adapter_wait_s` for a slot (no starvation). "grouped": held in the worker and handed over
+    # grouped by adapter (fewer slot swaps, more waiting). "fifo": at once, unguarded.
+    admission: Literal["engine", "grouped", "fifo"] = "engine"
+    # The starvation bound: how long an adapter request may wait for a slot (in the engine, or in the worker
+    # under "grouped") before newcomers of other adapters are held back. 10 s: under a 3x-max_loras mix on
+    # 2 CPU cores vLLM's own queueing reaches 3-4 s, and a tighter bound held requests that were not
+    # starving (0.88x vllm serve's throughput at 2 s in benchmarks/bench_vs_vllm.py).
+    max_adapter_wait_s: float = Field(10.0, gt=0)
     # Local disk tier: content-addressed by digest, LRU bounded in bytes.
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 2 * 1024**3

@@ -79,7 +79,7 @@ async def test_a_flood_over_more_adapters_than_slots_is_admitted_grouped(make_wo
     alone = await _solo_outputs(client, "w-alone", noise, Q1)
     base_rid = await client.send("w-alone", None, Q1, max_tokens=16)
     base_alone = (await client.wait([base_rid]))[base_rid].text
-    worker = await make_worker("w-group", capacity=18, max_adapter_wait_s=30)
+    worker = await make_worker("w-group", capacity=18, max_adapter_wait_s=30, admission="grouped")
     plan = [adapter for _ in range(3) for adapter in [*noise, None]]  # interleaved: the worst order for slots
     rids = await asyncio.gather(*(client.send("w-group", adapter, Q1, max_tokens=16) for adapter in plan))
     results = await client.wait(rids)
@@ -93,6 +93,28 @@ async def test_a_flood_over_more_adapters_than_slots_is_admitted_grouped(make_wo
     assert stats.admitted == 15
     assert stats.slot_swaps <= 2 * len(noise), stats  # grouped: not one swap per request (15)
     assert stats.longest_wait_s > 0  # some adapters did wait for a slot
+
+
+async def test_a_flood_over_more_adapters_than_slots_queues_in_the_engine(make_worker, client, noise):
+    """The default admission: the same flood goes to the engine at once (vLLM's scheduler queues it for
+    its 2 slots). With a 1 ms bound the starvation guard engages on nearly every arrival: every request
+    is still answered, each with what it gets alone."""
+    await make_worker("w-solo")
+    alone = await _solo_outputs(client, "w-solo", noise, Q1)
+    worker = await make_worker("w-engine", capacity=18, max_adapter_wait_s=0.001)
+    assert worker.settings.admission == "engine"
+    plan = [adapter for _ in range(3) for adapter in [*noise, None]]
+    rids = await asyncio.gather(*(client.send("w-engine", adapter, Q1, max_tokens=16) for adapter in plan))
+    results = await client.wait(rids)
+    for adapter, rid in zip(plan, rids, strict=True):
+        result = results[rid]
+        assert result.ok, result.error
+        if adapter is not None:
+            assert result.text == alone[adapter.name]
+            assert result.adapter_digest_applied == adapter.ref.digest
+    assert worker.admission.stats.admitted == 15
+    assert worker.admission.stats.aged_admissions > 0  # the guard held newcomers, and released them all
+    assert worker.admission.waiting == 0
 
 
 async def test_corrupted_object_fails_closed_with_a_clear_error(make_worker, client, noise, store):
