@@ -102,7 +102,8 @@ class Fleet:
         proc.wait(10)
 
     async def wait_ready(self, workers: int, timeout_s: float = 180) -> None:
-        """Every gateway ready and seeing `workers` live workers."""
+        """Every gateway ready and seeing `workers` live workers in the fleet's pool (beside `lpx up`, the
+        platform's own workers are live too, in their pools)."""
         deadline = time.monotonic() + timeout_s
         async with httpx.AsyncClient(timeout=5) as http:
             for gateway_id, (proc, url) in self.gateways.items():
@@ -110,12 +111,13 @@ class Fleet:
                     if proc.poll() is not None:
                         raise RuntimeError(f"{gateway_id} exited: {self.log_tail(gateway_id)}")
                     try:
-                        if (await http.get(f"{url}/readyz")).json().get("workers") == workers:
+                        seen = (await http.get(f"{url}/readyz")).json().get("pools", {}).get(self.spec.pool, 0)
+                        if seen == workers:
                             break
                     except (httpx.HTTPError, ValueError):
                         pass
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"{gateway_id} never saw {workers} workers")
+                        raise TimeoutError(f"{gateway_id} never saw {workers} workers in pool {self.spec.pool}")
                     await asyncio.sleep(0.25)
 
     def log_tail(self, name: str, lines: int = 20) -> str:

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.table import Table
 
-from libs.paths import platform_env_file, stack_env_file
+from libs.paths import lpx_home, platform_env_file, stack_env_file
 
 UPLOAD_CHUNK = 1 << 16
 err = Console(stderr=True)
@@ -68,8 +68,19 @@ def _call(method: str, path: str, **kwargs):
         with _client() as client:
             reply = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        _fail(f"cannot reach the registry: {exc}")
+        _fail(unreachable(exc))
     return _checked(reply)
+
+
+def unreachable(exc: Exception) -> str:
+    """Why the registry did not answer, where the CLI looked, and what to do (a stale platform.env, the
+    wrong state directory and a stopped platform all end here)."""
+    settings, _ = registry_settings()
+    env = platform_env_file()
+    found = "found" if env.is_file() else "not found"
+    return (f"cannot reach the registry at {settings.url} ({type(exc).__name__}: {exc}).\n"
+            f"Looked in the state directory {lpx_home()} (platform.env {found}; LPX_HOME or a checkout's .lpx "
+            "chooses it). If the platform is not running, start it: lpx up")  # fmt: skip
 
 
 def _checked(reply):
@@ -300,7 +311,7 @@ def _push_with_progress(tenant: str, name: str, base: str, files: list[Path],
                 reply = client.send(client.build_request("POST", "/v1/adapters", content=chunks(),
                                                          headers=dict(request.headers)))  # fmt: skip
             except httpx.HTTPError as exc:
-                _fail(f"cannot reach the registry: {exc}")
+                _fail(unreachable(exc))
     return _checked(reply)["version"], reply.status_code == 201
 
 

@@ -258,7 +258,11 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
     async def readyz() -> JSONResponse:
         """Ready while connected to the broker (liveness, /healthz, stays up during an outage)."""
         broker = gw.started and gw.link.connected
-        body = {"ready": broker, "workers": len(gw.pools.live) if gw.started else 0,
+        live = gw.pools.live if gw.started else {}
+        pools: dict[str, int] = {}
+        for beat in live.values():
+            pools[beat.pool] = pools.get(beat.pool, 0) + 1
+        body = {"ready": broker, "workers": len(live), "pools": pools,
                 "broker": "connected" if broker else "unreachable"}  # fmt: skip
         return JSONResponse(body, status_code=200 if broker else 503)
 

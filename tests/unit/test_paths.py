@@ -30,3 +30,30 @@ def test_a_folder_named_lpx_without_a_checkout_is_not_taken(tmp_path, monkeypatc
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)
     assert paths.lpx_home() == (tmp_path / "xdg" / "loraplex").resolve()
+
+
+def test_a_stale_platform_env_gets_where_the_cli_looked_and_lpx_up(tmp_path, monkeypatch, capsys):
+    """platform.env names a registry that is gone: the CLI says where it looked and suggests `lpx up`
+    instead of a bare connection refused."""
+    import socket
+
+    import pytest
+    import typer
+
+    from libs.cli import registry_cmds
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "home"
+    (home / "up").mkdir(parents=True)
+    (home / "up" / "platform.env").write_text(f"LPX_REGISTRY_URL=http://127.0.0.1:{port}\n")
+    monkeypatch.setenv("LPX_HOME", str(home))
+    for name in ("LPX_REGISTRY_URL", "LPX_ENV_FILE", "LPX_STACK_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(typer.Exit):
+        registry_cmds._call("GET", "/v1/tenants")
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"cannot reach the registry at http://127.0.0.1:{port}" in said
+    assert f"state directory {home.resolve()} (platform.env found" in said
+    assert "lpx up" in said
