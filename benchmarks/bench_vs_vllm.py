@@ -39,6 +39,7 @@ import httpx  # noqa: E402
 
 from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
+from benchmarks.results_log import commit  # noqa: E402
 from benchmarks.vs_vllm_report import render, report, scrape_stages, stage_means  # noqa: E402
 from libs.engine.vllm_serve import start_vllm_serve, wait_http  # noqa: E402
 from libs.models.bootstrap import fetch  # noqa: E402
@@ -266,6 +267,7 @@ def main() -> int:
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = parser.parse_args()
     args.worker_env = dict(args.worker_env)
+    args.commit = commit()  # what runs is what was checked out at the start
     render(asyncio.run(main_async(args)), args.out, record=not args.no_record and not args.worker_env)
     return 0
 

@@ -43,10 +43,11 @@ def _gpu_name() -> str | None:
         return None
 
 
-def record(title: str, body: str, *, path: Path = RESULTS) -> str:
-    """Append one run; returns its heading (what the README cites)."""
+def record(title: str, body: str, *, ran_at: str | None = None, path: Path = RESULTS) -> str:
+    """Append one run; returns its heading (what the README cites). `ran_at`: the commit taken when the
+    run started (`commit()` then), since the tree may change while a long benchmark runs."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    heading = f"{title}, {stamp}, {commit()}"
+    heading = f"{title}, {stamp}, {ran_at or commit()}"
     command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else "?"
     text = path.read_text() if path.exists() else _HEADER
     text += f"\n## {heading}\n\n- machine: {machine()}\n- command: `{command}`\n\n{body.strip()}\n"

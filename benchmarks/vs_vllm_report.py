@@ -83,7 +83,8 @@ def report(rounds: list[dict], mixes: list[str], peers: list[str], args) -> dict
     workload = {"requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.tokens,
                 "rounds": args.rounds, "max_loras": 2, "max_cpu_loras": 8, "model": "smollm2-135m", "greedy": True,
                 "worker_env": args.worker_env}  # fmt: skip
-    return {"workload": workload, "peers": peers, "comparisons": comparisons, "stages_ms": stages, "rounds": rounds}
+    return {"workload": workload, "peers": peers, "comparisons": comparisons, "stages_ms": stages, "rounds": rounds,
+            "commit": getattr(args, "commit", None)}  # fmt: skip
 
 
 def _mean_stages(per_round: list[dict[str, float]]) -> dict[str, float]:
@@ -145,7 +146,8 @@ def render(rep: dict, out: Path, *, record: bool) -> None:
     if record:
         from benchmarks.results_log import record as append
 
-        console.print(f"recorded in benchmarks/RESULTS.md as: {append('bench_vs_vllm', body)}")
+        heading = append("bench_vs_vllm", body, ran_at=rep.get("commit"))
+        console.print(f"recorded in benchmarks/RESULTS.md as: {heading}")
 
 
 def _plot(rep: dict, path: Path) -> None:

@@ -117,6 +117,9 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
     from faststream.nats import NatsBroker
     from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
+    from libs import nats_compat
+
+    nats_compat.install()  # FastStream's pull loops see nats-py's timeouts as timeouts, not as errors
     middleware = NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider)
     # FastStream logs "Received"/"Processed" for every message at this level: DEBUG, or the registry's
     # log would carry two lines per answered request (usage metering reads every result).
