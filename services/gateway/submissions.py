@@ -66,6 +66,7 @@ class SubmissionConsumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
+        self.sub = None
         self.duplicates = 0
         self.fetching = ConnectionState("submission stream")
 
@@ -87,6 +88,12 @@ class SubmissionConsumer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.sub is not None:
+            # A pull subscription's queue keeps what arrives after the last fetch (status replies of
+            # expired pulls); nobody reads it now, so the connection's drain would wait on it until its
+            # time limit and cancel it ("_GatheringFuture exception was never retrieved" at every stop).
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
 
     async def _loop(self) -> None:
         while True:
