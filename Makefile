@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: setup venv model up down status demo test test-unit test-integration test-e2e chaos bench lint clean help
+.PHONY: setup venv model up down status demo test check test-unit test-integration test-e2e chaos bench lint clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -47,8 +47,11 @@ down: venv  ## stop everything `up` started; services drain first (`lpx down`)
 demo: setup  ## the platform end to end on local defaults, on top of `lpx up` (left running)
 	$(LPX) demo
 
-test: setup  ## unit, integration (real servers) and end-to-end (real vLLM) tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: setup  ## unit, integration (real servers) and end-to-end (real vLLM) tests; the 25 slowest listed
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+check: lint  ## the fast loop (about a minute): layout, lint and the unit tests; `make test` is what CI runs
+	$(PY) -m pytest tests/unit -q --durations=10 $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -65,7 +68,8 @@ chaos: setup  ## chaos drills on real servers + vLLM (broker restarts, cluster n
 bench: setup  ## benchmarks: tables on screen, JSON + plots in bench-results/
 	$(PY) benchmarks/run_all.py --out bench-results
 
-lint: venv
+lint: venv  ## the formatter's layout (ruff format --check) and the linter (ruff check)
+	$(VENV)/bin/ruff format --check libs services tests benchmarks
 	$(VENV)/bin/ruff check libs services tests benchmarks
 
 clean:  ## remove the venv and local state (stops the stack first)

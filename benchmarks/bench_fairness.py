@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
+import httpx
 
-from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants  # noqa: E402
-from libs.fleet import Fleet, FleetSpec  # noqa: E402
+from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants
+from libs.fleet import Fleet, FleetSpec
 
 BASE = "smollm2-135m"
 STEADY = ("calm-b", "calm-c", "calm-d", "calm-e")

@@ -35,16 +35,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
-from libs.contracts import AdapterTier, InferenceResult, subjects  # noqa: E402
-from libs.fleet import Fleet, FleetSpec  # noqa: E402
-from libs.models.bootstrap import fetch  # noqa: E402
-from libs.routing import DEFAULT_BALANCE_FACTOR, load_bound  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.simulator.config import SimConfig  # noqa: E402
-from libs.simulator.runner import run_comparison  # noqa: E402
-from libs.simulator.traffic import make_traffic  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
+from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from libs.contracts import AdapterTier, InferenceResult, subjects
+from libs.fleet import Fleet, FleetSpec
+from libs.models.bootstrap import fetch
+from libs.routing import DEFAULT_BALANCE_FACTOR, load_bound
+from libs.settings import ConnectionSettings
+from libs.simulator.config import SimConfig
+from libs.simulator.runner import run_comparison
+from libs.simulator.traffic import make_traffic
+from libs.stack import Stack, StackConfig
 
 BASE = "smollm2-135m"
 TENANT = "fleet"
@@ -70,8 +70,11 @@ async def setup_registry(connections: ConnectionSettings, adapters: list[Path]):
         async def push(i: int, path: Path) -> tuple[str, str]:
             alias = f"a{i:04d}"
             async with slots:
-                reply = await admin.post("/v1/adapters", files=adapter_files(path),
-                                         data={"tenant": TENANT, "adapter": alias, "base_model": BASE})  # fmt: skip
+                reply = await admin.post(
+                    "/v1/adapters",
+                    files=adapter_files(path),
+                    data={"tenant": TENANT, "adapter": alias, "base_model": BASE},
+                )
                 version = reply.raise_for_status().json()["version"]
                 url = f"/v1/tenants/{TENANT}/adapters/{alias}/versions/{version['number']}/activate"
                 (await admin.post(url, json={"actor": "bench", "reason": "bench_fleet"})).raise_for_status()
@@ -98,8 +101,13 @@ async def drive(client, key: str, stream, aliases: list[str], args, on_tick=None
 
     async def one(sample: Sample) -> None:
         sent = time.monotonic()
-        rid = await client.submit(sample.alias, messages=[{"role": "user", "content": "hello"}],
-                                  max_tokens=args.tokens, api_key=key, timeout_s=300)  # fmt: skip
+        rid = await client.submit(
+            sample.alias,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=args.tokens,
+            api_key=key,
+            timeout_s=300,
+        )
         sample.result = await client.result(rid, timeout=300)
         sample.latency_s = time.monotonic() - sent
         sample.rid = rid
@@ -139,9 +147,12 @@ def assignment_loads(samples: list[Sample], workers: int, c: float) -> dict:
         violations += after > load_bound(total, workers, c)
         ratios.append(after * workers / (total + 1))
         assignments += 1
-    return {"assignments": assignments, "bound_violations": violations,
-            "assigned_load_ratio_max": max(ratios, default=0.0),
-            "assigned_load_ratio_p99": _pct(ratios, 99)}  # fmt: skip
+    return {
+        "assignments": assignments,
+        "bound_violations": violations,
+        "assigned_load_ratio_max": max(ratios, default=0.0),
+        "assigned_load_ratio_p99": _pct(ratios, 99),
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -159,27 +170,45 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     cold = sum(t in (AdapterTier.DISK, AdapterTier.OBJECT_STORE) for t in tiers)
     host = sum(t == AdapterTier.CPU for t in tiers)
     latencies = [s.latency_s for s in measured if s.result.ok]
-    return {"requests": n, "errors": sum(not s.result.ok for s in measured),
-            "loads_per_1000": (cold + host) * per_1k, "cold_loads_per_1000": cold * per_1k,
-            "slot_hit_rate": sum(t == AdapterTier.GPU for t in tiers) / n if n else 0.0,
-            "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
-            "latency_p99_s": _pct(latencies, 99), **assignment_loads(samples, workers, c)}  # fmt: skip
+    return {
+        "requests": n,
+        "errors": sum(not s.result.ok for s in measured),
+        "loads_per_1000": (cold + host) * per_1k,
+        "cold_loads_per_1000": cold * per_1k,
+        "slot_hit_rate": sum(t == AdapterTier.GPU for t in tiers) / n if n else 0.0,
+        "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
+        "latency_p99_s": _pct(latencies, 99),
+        **assignment_loads(samples, workers, c),
+    }
 
 
 def predict(args, policies: list[str], spec: FleetSpec) -> dict[str, dict]:
     """The routing simulator on the same configuration and the same seeded traffic."""
-    config = SimConfig(adapters=args.adapters, top_k=args.top_k, top_share=args.top_share,
-                       requests_per_s=args.rate, duration_s=args.duration, warmup_s=args.warmup,
-                       output_tokens=args.tokens, replicas=args.workers, engine_slots=spec.max_loras,
-                       host_cache_adapters=spec.max_cpu_loras, tok_s_per_replica=spec.capacity * spec.decode_tok_s,
-                       max_running=spec.capacity, mixed_adapter_overhead=0.0, fetch_s_min=0.02, fetch_s_max=0.08,
-                       seed=args.seed)  # fmt: skip
+    config = SimConfig(
+        adapters=args.adapters,
+        top_k=args.top_k,
+        top_share=args.top_share,
+        requests_per_s=args.rate,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        output_tokens=args.tokens,
+        replicas=args.workers,
+        engine_slots=spec.max_loras,
+        host_cache_adapters=spec.max_cpu_loras,
+        tok_s_per_replica=spec.capacity * spec.decode_tok_s,
+        max_running=spec.capacity,
+        mixed_adapter_overhead=0.0,
+        fetch_s_min=0.02,
+        fetch_s_max=0.08,
+        seed=args.seed,
+    )
     return run_comparison(config, policies, storm=False).steady
 
 
 # --- runs -------------------------------------------------------------------------------------------
-async def run_policy(stack, state: Path, key: str, aliases: list[str], stream, args, policy: str,
-                     faults: bool = False) -> tuple[dict, list[Sample]]:  # fmt: skip
+async def run_policy(
+    stack, state: Path, key: str, aliases: list[str], stream, args, policy: str, faults: bool = False
+) -> tuple[dict, list[Sample]]:
     from libs.client import LoraplexClient
 
     spec = FleetSpec(routing_policy=policy, decode_tok_s=args.decode_tok_s)
@@ -235,10 +264,14 @@ async def main_async(args) -> dict:
     try:
         key, digests, lifespan = await setup_registry(ConnectionSettings.load(stack.env_file), adapters)
         aliases = sorted(digests)
-        stream = make_traffic(args.adapters, args.top_k, args.top_share, args.rate, args.warmup + args.duration,
-                              args.seed)  # fmt: skip
-        print(f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
-              f"{args.gateways} gateways", flush=True)  # fmt: skip
+        stream = make_traffic(
+            args.adapters, args.top_k, args.top_share, args.rate, args.warmup + args.duration, args.seed
+        )
+        print(
+            f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
+            f"{args.gateways} gateways",
+            flush=True,
+        )
         measured, faults = {}, {}
         for policy in args.policies:
             measured[policy], _ = await run_policy(stack, state, key, aliases, stream, args, policy)
@@ -250,14 +283,23 @@ async def main_async(args) -> dict:
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
         stack.purge()
-    return {"config": vars(args) | {"out": str(args.out)}, "measured": measured, "predicted": predicted,
-            "faults": faults}  # fmt: skip
+    return {
+        "config": vars(args) | {"out": str(args.out)},
+        "measured": measured,
+        "predicted": predicted,
+        "faults": faults,
+    }
 
 
 # --- report -----------------------------------------------------------------------------------------
-FIGURES = (("loads_per_1000", "loads/1k", "{:.1f}"), ("slot_hit_rate", "slot hits", "{:.2f}"),
-           ("assigned_load_ratio_max", "max/mean", "{:.2f}"), ("bound_violations", "bound viol.", "{:.0f}"),
-           ("latency_p50_s", "p50 s", "{:.2f}"), ("latency_p99_s", "p99 s", "{:.2f}"))  # fmt: skip
+FIGURES = (
+    ("loads_per_1000", "loads/1k", "{:.1f}"),
+    ("slot_hit_rate", "slot hits", "{:.2f}"),
+    ("assigned_load_ratio_max", "max/mean", "{:.2f}"),
+    ("bound_violations", "bound viol.", "{:.0f}"),
+    ("latency_p50_s", "p50 s", "{:.2f}"),
+    ("latency_p99_s", "p99 s", "{:.2f}"),
+)
 
 
 def render(report: dict, out: Path) -> None:
@@ -266,8 +308,10 @@ def render(report: dict, out: Path) -> None:
 
     console = Console()
     c = report["config"]
-    table = Table(title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
-                        f"adapters, {c['rate']} req/s Zipf (measured | simulator | ratio)")  # fmt: skip
+    table = Table(
+        title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
+        f"adapters, {c['rate']} req/s Zipf (measured | simulator | ratio)"
+    )
     table.add_column("policy")
     for _, label, _fmt in FIGURES:
         table.add_column(label, justify="right")
@@ -281,9 +325,11 @@ def render(report: dict, out: Path) -> None:
     console.print(table)
     f = report["faults"]
     if f:
-        console.print(f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
-                      f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}"
-                      + "".join(f"\n  lost: {reason}" for reason in f["lost_reasons"]))  # fmt: skip
+        console.print(
+            f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
+            f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}"
+            + "".join(f"\n  lost: {reason}" for reason in f["lost_reasons"])
+        )
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps(report, indent=2, default=str))
     _plot(report, out / "fleet.png")
@@ -301,8 +347,12 @@ def _plot(report: dict, path: Path) -> None:
     for ax, (key, label, _fmt) in zip(axes, FIGURES[:3], strict=True):
         xs = range(len(policies))
         ax.bar([x - 0.2 for x in xs], [report["measured"][p][key] for p in policies], 0.4, label="measured")
-        ax.bar([x + 0.2 for x in xs], [report["predicted"].get(p, {}).get(key, 0) for p in policies], 0.4,
-               label="simulator")  # fmt: skip
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [report["predicted"].get(p, {}).get(key, 0) for p in policies],
+            0.4,
+            label="simulator",
+        )
         ax.set_xticks(list(xs), policies, fontsize=8)
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)

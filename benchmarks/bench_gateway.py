@@ -28,20 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
+import httpx
 
-from libs.engine import EngineConfig, GenerationRequest, create_engine  # noqa: E402
-from libs.models.bootstrap import fetch  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
+from libs.engine import EngineConfig, GenerationRequest, create_engine
+from libs.models.bootstrap import fetch
+from libs.settings import ConnectionSettings
+from libs.stack import Stack, StackConfig
 
 BASE = "smollm2-135m"
 POOL = "bench-smollm2-r16"
 
 
 def prompts(n: int) -> list[list[dict]]:
-    return [[{"role": "user", "content": f"Customer {i}: where is my order? Please explain the shipping process."}]
-            for i in range(n)]  # fmt: skip
+    return [
+        [{"role": "user", "content": f"Customer {i}: where is my order? Please explain the shipping process."}]
+        for i in range(n)
+    ]
 
 
 def free_port() -> int:
@@ -53,8 +55,11 @@ def free_port() -> int:
 async def direct_one(engine, i: int, messages, max_tokens: int, tag: str) -> dict:
     started = time.perf_counter()
     ttft, tokens = None, 0
-    async for chunk in engine.generate(GenerationRequest(f"direct-{tag}-{i}-{time.time_ns()}", messages=messages,
-                                                         max_tokens=max_tokens, temperature=0.0)):  # fmt: skip
+    async for chunk in engine.generate(
+        GenerationRequest(
+            f"direct-{tag}-{i}-{time.time_ns()}", messages=messages, max_tokens=max_tokens, temperature=0.0
+        )
+    ):
         if chunk.text and ttft is None:
             ttft = time.perf_counter() - started
         tokens = chunk.completion_tokens
@@ -76,8 +81,14 @@ async def gateway_one(http: httpx.AsyncClient, i: int, messages, max_tokens: int
     """One streamed chat completion over SSE (TTFT, latency, tokens from the usage chunk)."""
     started = time.perf_counter()
     ttft, tokens = None, 0
-    body = {"model": BASE, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": BASE,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"gateway answered {reply.status_code}: {(await reply.aread())[:300]!r}")
@@ -97,9 +108,15 @@ async def gateway_one(http: httpx.AsyncClient, i: int, messages, max_tokens: int
 
 def summarize(samples: list[dict], wall: float) -> dict:
     tokens = sum(s["tokens"] for s in samples)
-    return {"requests": len(samples), "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall,
-            "latency_median_s": statistics.median(s["latency_s"] for s in samples),
-            "ttft_median_s": statistics.median(s["ttft_s"] for s in samples), "samples": samples}  # fmt: skip
+    return {
+        "requests": len(samples),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_per_s": tokens / wall,
+        "latency_median_s": statistics.median(s["latency_s"] for s in samples),
+        "ttft_median_s": statistics.median(s["ttft_s"] for s in samples),
+        "samples": samples,
+    }
 
 
 async def run_direct(engine, n: int, max_tokens: int, tag: str) -> dict:
@@ -129,13 +146,16 @@ async def tenant_key(connections: ConnectionSettings, state: Path):
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
-    settings = RegistrySettings(connections=connections.model_copy(update={
-        "pg_dsn": connections.pg_dsn.rsplit("/", 1)[0] + "/" + name}), admin_token="bench")  # fmt: skip
+    settings = RegistrySettings(
+        connections=connections.model_copy(update={"pg_dsn": connections.pg_dsn.rsplit("/", 1)[0] + "/" + name}),
+        admin_token="bench",
+    )
     app = create_app(settings)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry",
-                                 headers={"Authorization": "Bearer bench"}) as admin:  # fmt: skip
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://registry", headers={"Authorization": "Bearer bench"}
+    ) as admin:
         reply = await admin.post("/v1/tenants", json={"name": "bench"})
         reply.raise_for_status()
         return reply.json()["api_key"], lifespan
@@ -172,23 +192,39 @@ async def main_async(args) -> dict:
     try:
         await engine.start()
         key, registry = await tenant_key(connections, state)
-        worker = Worker(WorkerSettings(worker_id="bench-w", pool=POOL, base_model=BASE,
-                                       capacity=max(16, args.concurrency), max_loras=2, max_cpu_loras=2,
-                                       disk_cache_dir=state / "disk-cache", connections=connections),
-                        engine=engine)  # fmt: skip
+        worker = Worker(
+            WorkerSettings(
+                worker_id="bench-w",
+                pool=POOL,
+                base_model=BASE,
+                capacity=max(16, args.concurrency),
+                max_loras=2,
+                max_cpu_loras=2,
+                disk_cache_dir=state / "disk-cache",
+                connections=connections,
+            ),
+            engine=engine,
+        )
         await worker.start()
         port = free_port()
-        env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_GATEWAY_PORT": str(port),
-               "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING",
-               "LPX_GATEWAY_LOG_FORMAT": "json"}  # fmt: skip
+        env = {
+            **os.environ,
+            "LPX_ENV_FILE": str(stack.env_file),
+            "LPX_GATEWAY_PORT": str(port),
+            "LPX_GATEWAY_HOST": "127.0.0.1",
+            "LPX_GATEWAY_LOG_LEVEL": "WARNING",
+            "LPX_GATEWAY_LOG_FORMAT": "json",
+        }
         log = open(state / "gateway.log", "w")
-        gateway = subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "services.gateway"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         url = f"http://127.0.0.1:{port}"
         await wait_ready(url, gateway, 1)
         limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency * 2)
-        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
-                                     headers={"Authorization": f"Bearer {key}"}) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=url, timeout=600, limits=limits, headers={"Authorization": f"Bearer {key}"}
+        ) as http:
             await run_direct(engine, 2, 4, "warm")
             await run_gateway(http, 2, 4, stream=True)
             rounds = []
@@ -216,8 +252,7 @@ async def main_async(args) -> dict:
 
 
 def _paired(rounds: list[dict], path: str, key: str) -> list[float]:
-    return [g[key] - d[key] for r in rounds
-            for d, g in zip(r["direct"]["samples"], r[path]["samples"], strict=True)]  # fmt: skip
+    return [g[key] - d[key] for r in rounds for d, g in zip(r["direct"]["samples"], r[path]["samples"], strict=True)]
 
 
 def report(rounds: list[dict], args) -> dict:
@@ -227,18 +262,28 @@ def report(rounds: list[dict], args) -> dict:
     added = statistics.median(_paired(rounds, "gateway", "latency_s")) * 1000
     # Noise floor: how much the SAME direct workload moves between rounds (per request, median |diff|).
     # On a shared 2-core CPU box this is hundreds of ms, so a 5 ms target cannot be confirmed here.
-    drift = [abs(b["latency_s"] - a["latency_s"]) for r0, r1 in zip(rounds, rounds[1:], strict=False)
-             for a, b in zip(r0["direct"]["samples"], r1["direct"]["samples"], strict=True)]  # fmt: skip
+    drift = [
+        abs(b["latency_s"] - a["latency_s"])
+        for r0, r1 in zip(rounds, rounds[1:], strict=False)
+        for a, b in zip(r0["direct"]["samples"], r1["direct"]["samples"], strict=True)
+    ]
     noise_ms = statistics.median(drift) * 1000 if drift else None
     met = ratio >= 0.95 and added < 5.0
     if noise_ms is not None and noise_ms > 5.0:
-        verdict = (f"inconclusive for latency: direct-vs-direct noise floor {noise_ms:.0f} ms exceeds the 5 ms target; "
-                   f"throughput target {'met' if ratio >= 0.95 else 'NOT met'}")  # fmt: skip
+        verdict = (
+            f"inconclusive for latency: direct-vs-direct noise floor {noise_ms:.0f} ms exceeds the 5 ms target; "
+            f"throughput target {'met' if ratio >= 0.95 else 'NOT met'}"
+        )
     else:
         verdict = "targets met" if met else "targets NOT met"
     return {
-        "workload": {"concurrency": args.concurrency, "max_tokens": args.tokens, "rounds": args.rounds,
-                     "model": BASE, "greedy": True},
+        "workload": {
+            "concurrency": args.concurrency,
+            "max_tokens": args.tokens,
+            "rounds": args.rounds,
+            "model": BASE,
+            "greedy": True,
+        },
         "rounds": rounds,
         "throughput_ratio": ratio,
         "throughput_ratio_sse": ratio_sse,
@@ -249,7 +294,7 @@ def report(rounds: list[dict], args) -> dict:
         "direct_noise_floor_ms": noise_ms,
         "meets_targets": met,
         "verdict": verdict,
-    }  # fmt: skip
+    }
 
 
 def render(rep: dict, out: Path) -> None:
@@ -258,24 +303,39 @@ def render(rep: dict, out: Path) -> None:
 
     console = Console()
     w = rep["workload"]
-    table = Table(title=f"gateway -> NATS -> worker vs direct engine ({w['concurrency']} concurrent chat requests, "
-                        f"{w['max_tokens']} tokens, greedy, same engine)")  # fmt: skip
+    table = Table(
+        title=f"gateway -> NATS -> worker vs direct engine ({w['concurrency']} concurrent chat requests, "
+        f"{w['max_tokens']} tokens, greedy, same engine)"
+    )
     for col in ("round", "path", "tokens", "wall", "tok/s", "latency p50", "TTFT p50"):
         table.add_column(col)
     for i, r in enumerate(rep["rounds"]):
         for path in ("direct", "gateway", "gateway_sse"):
             s = r[path]
-            table.add_row(str(i + 1), path, str(s["tokens"]), f"{s['wall_s']:.2f}s", f"{s['tok_per_s']:.1f}",
-                          f"{s['latency_median_s'] * 1000:.0f} ms", f"{s['ttft_median_s'] * 1000:.0f} ms")
+            table.add_row(
+                str(i + 1),
+                path,
+                str(s["tokens"]),
+                f"{s['wall_s']:.2f}s",
+                f"{s['tok_per_s']:.1f}",
+                f"{s['latency_median_s'] * 1000:.0f} ms",
+                f"{s['ttft_median_s'] * 1000:.0f} ms",
+            )
     console.print(table)
-    console.print(f"throughput ratio gateway/direct: {rep['throughput_ratio']:.3f} (target >= 0.95); "
-                  f"streamed (SSE): {rep['throughput_ratio_sse']:.3f}")  # fmt: skip
-    console.print(f"added latency, median per request: {rep['added_latency_median_ms']:.1f} ms (target < 5 ms); "
-                  f"streamed: {rep['added_latency_median_ms_sse']:.1f} ms; "
-                  f"added TTFT median (streamed): {rep['added_ttft_median_ms_sse']:.1f} ms")  # fmt: skip
+    console.print(
+        f"throughput ratio gateway/direct: {rep['throughput_ratio']:.3f} (target >= 0.95); "
+        f"streamed (SSE): {rep['throughput_ratio_sse']:.3f}"
+    )
+    console.print(
+        f"added latency, median per request: {rep['added_latency_median_ms']:.1f} ms (target < 5 ms); "
+        f"streamed: {rep['added_latency_median_ms_sse']:.1f} ms; "
+        f"added TTFT median (streamed): {rep['added_ttft_median_ms_sse']:.1f} ms"
+    )
     if rep["direct_noise_floor_ms"] is not None:
-        console.print(f"noise floor (same direct workload, round to round, median per request): "
-                      f"{rep['direct_noise_floor_ms']:.0f} ms")  # fmt: skip
+        console.print(
+            f"noise floor (same direct workload, round to round, median per request): "
+            f"{rep['direct_noise_floor_ms']:.0f} ms"
+        )
     console.print(rep["verdict"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "gateway.json").write_text(json.dumps(rep, indent=2))
@@ -300,8 +360,14 @@ def _plot(rep: dict, path: Path) -> None:
     ax1.legend()
     for r in rep["rounds"]:
         for side, marker, color in (("direct", "o", "C0"), ("gateway", "x", "C1"), ("gateway_sse", "+", "C2")):
-            ax2.scatter(range(len(r[side]["samples"])), [s["latency_s"] * 1000 for s in r[side]["samples"]],
-                        marker=marker, s=14, label=side, color=color)  # fmt: skip
+            ax2.scatter(
+                range(len(r[side]["samples"])),
+                [s["latency_s"] * 1000 for s in r[side]["samples"]],
+                marker=marker,
+                s=14,
+                label=side,
+                color=color,
+            )
     handles, names = ax2.get_legend_handles_labels()
     ax2.legend(handles[:3], names[:3])
     ax2.set_xlabel("request")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from libs.engine import cpu_lora_ops, vllm_patches  # noqa: E402
+from libs.engine import cpu_lora_ops, vllm_patches
 
 WIDTH_IN, WIDTH_OUT, SLOTS = 576, 1536, 8
 
@@ -62,8 +62,15 @@ def measure(tokens: int, adapters: int, rank: int, repeats: int, vllm_ops: dict)
     same = torch.allclose(_layer(vllm_ops, *args), _layer(grouped, *args), rtol=1e-4, atol=1e-5)
     vllm_s = _time(lambda: _layer(vllm_ops, *args), repeats)
     grouped_s = _time(lambda: _layer(grouped, *args), repeats)
-    return {"tokens": tokens, "adapters": adapters, "rank": rank, "vllm_us": vllm_s * 1e6,
-            "grouped_us": grouped_s * 1e6, "speedup": vllm_s / grouped_s, "outputs_match": bool(same)}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "adapters": adapters,
+        "rank": rank,
+        "vllm_us": vllm_s * 1e6,
+        "grouped_us": grouped_s * 1e6,
+        "speedup": vllm_s / grouped_s,
+        "outputs_match": bool(same),
+    }
 
 
 QKV = (576, 192, 192)
@@ -97,16 +104,25 @@ def measure_layer(tokens: int, adapters: int, rank: int, repeats: int) -> dict:
     same = torch.allclose(layer(vllm_method), layer(cpu_lora_ops.grouped_add_lora_linear), rtol=1e-4, atol=1e-5)
     vllm_s = _time(lambda: layer(vllm_method), repeats)
     grouped_s = _time(lambda: layer(cpu_lora_ops.grouped_add_lora_linear), repeats)
-    return {"tokens": tokens, "adapters": adapters, "rank": rank, "vllm_us": vllm_s * 1e6,
-            "grouped_us": grouped_s * 1e6, "speedup": vllm_s / grouped_s, "outputs_match": bool(same)}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "adapters": adapters,
+        "rank": rank,
+        "vllm_us": vllm_s * 1e6,
+        "grouped_us": grouped_s * 1e6,
+        "speedup": vllm_s / grouped_s,
+        "outputs_match": bool(same),
+    }
 
 
 def _print(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'rank':>4} {'adapters':>8} {'tokens':>6} {'vllm us':>10} {'grouped us':>10} {'speedup':>8} {'match':>6}")
     for r in rows:
-        print(f"{r['rank']:>4} {r['adapters']:>8} {r['tokens']:>6} {r['vllm_us']:10.0f} {r['grouped_us']:10.0f} "
-              f"{r['speedup']:7.1f}x {str(r['outputs_match']):>6}")  # fmt: skip
+        print(
+            f"{r['rank']:>4} {r['adapters']:>8} {r['tokens']:>6} {r['vllm_us']:10.0f} {r['grouped_us']:10.0f} "
+            f"{r['speedup']:7.1f}x {str(r['outputs_match']):>6}"
+        )
 
 
 def main() -> int:

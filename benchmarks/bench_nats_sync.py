@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from libs.contracts import subjects  # noqa: E402
-from libs.messaging import ensure_streams  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
+from libs.contracts import subjects
+from libs.messaging import ensure_streams
+from libs.stack import Stack, StackConfig
 
 SPEC = next(s for s in subjects.STREAMS if s.name == subjects.RESULTS_STREAM)
 PAYLOAD = b"x" * 512  # about an InferenceResult of a short answer
@@ -68,13 +68,20 @@ async def measure(urls: str, replicas: int, sequential: int, windows: int, auth:
         latencies.append(time.perf_counter() - t0)
     started = time.perf_counter()
     for w in range(windows):
-        await asyncio.gather(*(js.publish(subjects.results(f"w{w}-{i}"), PAYLOAD,
-                                          headers={"Nats-Msg-Id": f"w{w}-{i}"}) for i in range(64)))  # fmt: skip
+        await asyncio.gather(
+            *(
+                js.publish(subjects.results(f"w{w}-{i}"), PAYLOAD, headers={"Nats-Msg-Id": f"w{w}-{i}"})
+                for i in range(64)
+            )
+        )
     burst_s = time.perf_counter() - started
     await nc.drain()
     latencies.sort()
-    return {"p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * latencies[int(0.99 * len(latencies))],
-            "msgs_per_s": windows * 64 / burst_s}  # fmt: skip
+    return {
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[int(0.99 * len(latencies))],
+        "msgs_per_s": windows * 64 / burst_s,
+    }
 
 
 def run(nodes: int, sync: str, sequential: int, windows: int) -> dict:
@@ -92,8 +99,11 @@ def main() -> int:
     parser.add_argument("--sequential", type=int, default=500, help="publishes one at a time (latency)")
     parser.add_argument("--windows", type=int, default=40, help="windows of 64 concurrent publishes (throughput)")
     args = parser.parse_args()
-    configs = [("1 node, sync default", 1, "default"), ("1 node, sync always", 1, "always"),
-               ("3 nodes R3, sync default", 3, "default")]  # fmt: skip
+    configs = [
+        ("1 node, sync default", 1, "default"),
+        ("1 node, sync always", 1, "always"),
+        ("3 nodes R3, sync default", 3, "default"),
+    ]
     rows = []
     for label, nodes, sync in configs:
         result = run(nodes, sync, args.sequential, args.windows)
@@ -104,8 +114,10 @@ def main() -> int:
     for r in rows:
         r["p50_ratio"] = r["p50_ms"] / ref["p50_ms"]
         r["throughput_ratio"] = r["msgs_per_s"] / ref["msgs_per_s"]
-        print(f"{r['config']:<26} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['msgs_per_s']:9.0f} "
-              f"{r['p50_ratio']:7.2f} {r['throughput_ratio']:9.2f}")  # fmt: skip
+        print(
+            f"{r['config']:<26} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['msgs_per_s']:9.0f} "
+            f"{r['p50_ratio']:7.2f} {r['throughput_ratio']:9.2f}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "nats_sync.json").write_text(json.dumps(rows, indent=2))
     try:

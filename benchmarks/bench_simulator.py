@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rich.console import Console  # noqa: E402
+from rich.console import Console
 
-from libs.routing import POLICY_NAMES  # noqa: E402
-from libs.simulator.config import SimConfig  # noqa: E402
-from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots  # noqa: E402
-from libs.simulator.runner import OUR_POLICY, Report  # noqa: E402
+from libs.routing import POLICY_NAMES
+from libs.simulator.config import SimConfig
+from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots
+from libs.simulator.runner import OUR_POLICY, Report
 
 REQUIRED_RATIO = 10.0
 

@@ -26,13 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
+import httpx
 
-from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants  # noqa: E402
-from libs.client import LoraplexClient  # noqa: E402
-from libs.contracts import subjects  # noqa: E402
-from libs.fleet import Fleet, FleetSpec  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
+from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants
+from libs.client import LoraplexClient
+from libs.contracts import subjects
+from libs.fleet import Fleet, FleetSpec
+from libs.settings import ConnectionSettings
 
 BASE = "smollm2-135m"
 INTERACTIVE = ("chat-a", "chat-b")
@@ -45,8 +45,9 @@ async def first_token_s(http, key: str, tokens: int) -> tuple[int, float | None]
     body = {"model": BASE, "max_tokens": tokens, "stream": True, "messages": [{"role": "user", "content": "Hello"}]}
     started = time.monotonic()
     try:
-        async with http.stream("POST", "/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {key}"}) as reply:  # fmt: skip
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as reply:
             if reply.status_code != 200:
                 return reply.status_code, None
             ttft = None
@@ -77,8 +78,9 @@ class Backlog:
         while time.monotonic() < until:
             missing = self.size - len(self.outstanding)
             for _ in range(max(0, missing)):
-                rid = await self.lpx.submit(BASE, messages=[{"role": "user", "content": "Summarise"}],
-                                            max_tokens=self.tokens, timeout_s=3600)  # fmt: skip
+                rid = await self.lpx.submit(
+                    BASE, messages=[{"role": "user", "content": "Summarise"}], max_tokens=self.tokens, timeout_s=3600
+                )
                 self.outstanding.add(rid)
             await asyncio.sleep(0.2)
 

@@ -35,16 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
+import httpx
 
-from benchmarks.bench_gateway import free_port, wait_ready  # noqa: E402
-from benchmarks.registry_inproc import adapter_files, admin_client, start_registry  # noqa: E402
-from benchmarks.results_log import commit  # noqa: E402
-from benchmarks.vs_vllm_report import render, report, scrape_stages, stage_means  # noqa: E402
-from libs.engine.vllm_serve import start_vllm_serve, wait_http  # noqa: E402
-from libs.models.bootstrap import fetch  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
+from benchmarks.bench_gateway import free_port, wait_ready
+from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from benchmarks.results_log import commit
+from benchmarks.vs_vllm_report import render, report, scrape_stages, stage_means
+from libs.engine.vllm_serve import start_vllm_serve, wait_http
+from libs.models.bootstrap import fetch
+from libs.settings import ConnectionSettings
+from libs.stack import Stack, StackConfig
 
 BASE = "smollm2-135m"
 POOL = "bench-vs-vllm-r16"
@@ -60,7 +60,7 @@ def on_gpu() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
@@ -87,16 +87,24 @@ async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Pa
 
 
 def requests_for(mix: list[str], n: int) -> list[tuple[str, list[dict]]]:
-    return [(mix[i % len(mix)], [{"role": "user", "content": f"Customer {i}: where is my order? Explain shipping."}])
-            for i in range(n)]  # fmt: skip
+    return [
+        (mix[i % len(mix)], [{"role": "user", "content": f"Customer {i}: where is my order? Explain shipping."}])
+        for i in range(n)
+    ]
 
 
 async def one(http: httpx.AsyncClient, model: str, messages, max_tokens: int, slots: asyncio.Semaphore) -> dict:
     async with slots:
         started = time.perf_counter()
         ttft, text, tokens = None, "", 0
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
             if reply.status_code != 200:
                 raise RuntimeError(f"{reply.status_code}: {(await reply.aread())[:300]!r}")
@@ -111,35 +119,64 @@ async def one(http: httpx.AsyncClient, model: str, messages, max_tokens: int, sl
                     if piece and ttft is None:
                         ttft = time.perf_counter() - started
                     text += piece
-        return {"model": model, "latency_s": time.perf_counter() - started, "ttft_s": ttft or 0.0,
-                "tokens": tokens, "text": text}  # fmt: skip
+        return {
+            "model": model,
+            "latency_s": time.perf_counter() - started,
+            "ttft_s": ttft or 0.0,
+            "tokens": tokens,
+            "text": text,
+        }
 
 
 async def run(url: str, key: str, mix: list[str], requests: int, args) -> dict:
     slots = asyncio.Semaphore(args.concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=900, headers={"Authorization": f"Bearer {key}"},
-                                 limits=httpx.Limits(max_connections=args.concurrency * 2)) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=url,
+        timeout=900,
+        headers={"Authorization": f"Bearer {key}"},
+        limits=httpx.Limits(max_connections=args.concurrency * 2),
+    ) as http:
         started = time.perf_counter()
-        samples = await asyncio.gather(*(one(http, m, msgs, args.tokens, slots)
-                                         for m, msgs in requests_for(mix, requests)))  # fmt: skip
+        samples = await asyncio.gather(
+            *(one(http, m, msgs, args.tokens, slots) for m, msgs in requests_for(mix, requests))
+        )
         wall = time.perf_counter() - started
     lat = sorted(s["latency_s"] for s in samples)
-    return {"wall_s": wall, "tokens": sum(s["tokens"] for s in samples),
-            "tok_per_s": sum(s["tokens"] for s in samples) / wall, "latency_p50_s": statistics.median(lat),
-            "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
-            "ttft_p50_s": statistics.median(s["ttft_s"] for s in samples), "samples": list(samples)}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "tokens": sum(s["tokens"] for s in samples),
+        "tok_per_s": sum(s["tokens"] for s in samples) / wall,
+        "latency_p50_s": statistics.median(lat),
+        "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        "ttft_p50_s": statistics.median(s["ttft_s"] for s in samples),
+        "samples": list(samples),
+    }
 
 
 def start_worker(env_file: Path, base: Path, state: Path, extra: dict[str, str]) -> subprocess.Popen:
     """loraplex's worker as its own process (one vLLM engine), as deployed, on its defaults."""
-    env = {**os.environ, "LPX_ENV_FILE": str(env_file), "LPX_WORKER_WORKER_ID": "bench-vs", "LPX_WORKER_POOL": POOL,
-           "LPX_WORKER_BASE_MODEL": BASE, "LPX_WORKER_MODEL_PATH": str(base),
-           "LPX_WORKER_MAX_LORAS": str(MAX_LORAS), "LPX_WORKER_MAX_CPU_LORAS": str(MAX_CPU_LORAS),
-           "LPX_WORKER_DISK_CACHE_DIR": str(state / "disk-cache"), "LPX_WORKER_LOG_LEVEL": "WARNING",
-           "VLLM_CPU_KVCACHE_SPACE": "1", **extra}  # fmt: skip
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(env_file),
+        "LPX_WORKER_WORKER_ID": "bench-vs",
+        "LPX_WORKER_POOL": POOL,
+        "LPX_WORKER_BASE_MODEL": BASE,
+        "LPX_WORKER_MODEL_PATH": str(base),
+        "LPX_WORKER_MAX_LORAS": str(MAX_LORAS),
+        "LPX_WORKER_MAX_CPU_LORAS": str(MAX_CPU_LORAS),
+        "LPX_WORKER_DISK_CACHE_DIR": str(state / "disk-cache"),
+        "LPX_WORKER_LOG_LEVEL": "WARNING",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **extra,
+    }
     with open(state / "worker.log", "a") as log:
-        return subprocess.Popen([sys.executable, "-m", "services.worker"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(proc: subprocess.Popen | None, timeout_s: float = 120) -> None:
@@ -184,12 +221,18 @@ class Bench:
         self.stack.up()
         connections = ConnectionSettings.load(self.stack.env_file)
         self.key, self.registry = await setup_registry(connections, self.adapters)
-        env = {**os.environ, "LPX_ENV_FILE": str(self.stack.env_file), "LPX_GATEWAY_PORT": str(self.gw_port),
-               "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_LOG_LEVEL": "WARNING",
-               "LPX_GATEWAY_METRICS_PORT": str(self.metrics_port)}  # fmt: skip
+        env = {
+            **os.environ,
+            "LPX_ENV_FILE": str(self.stack.env_file),
+            "LPX_GATEWAY_PORT": str(self.gw_port),
+            "LPX_GATEWAY_HOST": "127.0.0.1",
+            "LPX_GATEWAY_LOG_LEVEL": "WARNING",
+            "LPX_GATEWAY_METRICS_PORT": str(self.metrics_port),
+        }
         with open(self.state / "gateway.log", "w") as log:
-            self.gateway = subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "services.gateway"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -203,9 +246,16 @@ class Bench:
             proc = start_worker(self.stack.env_file, self.base, self.state, self.args.worker_env)
             await wait_ready(self.lpx_url, self.gateway, 1, timeout=600)
             return proc
-        proc = start_vllm_serve(self.base, self.adapters, self.vllm_port, self.state / "vllm-serve.log",
-                                served_name=BASE, max_loras=MAX_LORAS, max_cpu_loras=MAX_CPU_LORAS,
-                                env={"LPX_CPU_LORA_OPS": VLLM_OPS[peer]})  # fmt: skip
+        proc = start_vllm_serve(
+            self.base,
+            self.adapters,
+            self.vllm_port,
+            self.state / "vllm-serve.log",
+            served_name=BASE,
+            max_loras=MAX_LORAS,
+            max_cpu_loras=MAX_CPU_LORAS,
+            env={"LPX_CPU_LORA_OPS": VLLM_OPS[peer]},
+        )
         await wait_http(self.vllm_url, proc)
         return proc
 
@@ -240,8 +290,11 @@ async def main_async(args) -> dict:
             for peer in peers:
                 turn[peer] = await bench.peer_run(peer, mixes)
                 for mix_name, r in turn[peer].items():
-                    print(f"  round {i + 1} {peer:<22} {mix_name:<24} {r['tok_per_s']:6.1f} tok/s  "
-                          f"TTFT p50 {r['ttft_p50_s']:.2f}s", flush=True)  # fmt: skip
+                    print(
+                        f"  round {i + 1} {peer:<22} {mix_name:<24} {r['tok_per_s']:6.1f} tok/s  "
+                        f"TTFT p50 {r['ttft_p50_s']:.2f}s",
+                        flush=True,
+                    )
             rounds.append(turn)
     return report(rounds, list(mixes), peers, args)
 
@@ -262,8 +315,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the peers (spread over rounds)")
     parser.add_argument("--mixes", nargs="*", default=None, help="mix names containing any of these (default all)")
     parser.add_argument("--equal-only", action="store_true", help="skip the stock-ops vllm peer")
-    parser.add_argument("--worker-env", type=_env_pair, action="append", default=[],
-                        help="KEY=VALUE for the worker (experiments; the headline runs on defaults)")  # fmt: skip
+    parser.add_argument(
+        "--worker-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        help="KEY=VALUE for the worker (experiments; the headline runs on defaults)",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = parser.parse_args()
     args.worker_env = dict(args.worker_env)

@@ -27,17 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from libs.contracts import AdapterRef, AdapterTier  # noqa: E402
-from libs.engine import EngineConfig, GenerationRequest, create_engine  # noqa: E402
-from libs.lora.format import read_adapter  # noqa: E402
-from libs.lora.train import LoraRecipe, random_adapters  # noqa: E402
-from libs.models.bootstrap import fetch  # noqa: E402
-from libs.objectstore import ObjectStore  # noqa: E402
-from libs.paths import lpx_home  # noqa: E402
-from libs.settings import ConnectionSettings  # noqa: E402
-from libs.stack import Stack, StackConfig  # noqa: E402
-from services.worker.disk_cache import DiskCache  # noqa: E402
-from services.worker.tiers import AdapterTiers  # noqa: E402
+from libs.contracts import AdapterRef, AdapterTier
+from libs.engine import EngineConfig, GenerationRequest, create_engine
+from libs.lora.format import read_adapter
+from libs.lora.train import LoraRecipe, random_adapters
+from libs.models.bootstrap import fetch
+from libs.objectstore import ObjectStore
+from libs.paths import lpx_home
+from libs.settings import ConnectionSettings
+from libs.stack import Stack, StackConfig
+from services.worker.disk_cache import DiskCache
+from services.worker.tiers import AdapterTiers
 
 QUESTION = [{"role": "user", "content": "Where is my order? Please explain the shipping process."}]
 
@@ -53,16 +53,18 @@ def make_adapters(base: Path, count: int) -> list[Path]:
 
 async def ttft(engine, adapter_spec, rid: str, max_tokens: int = 1) -> float:
     started = time.perf_counter()
-    async for chunk in engine.generate(GenerationRequest(rid, messages=QUESTION, max_tokens=max_tokens,
-                                                         adapter=adapter_spec)):  # fmt: skip
+    async for chunk in engine.generate(
+        GenerationRequest(rid, messages=QUESTION, max_tokens=max_tokens, adapter=adapter_spec)
+    ):
         if chunk.token_ids:
             return time.perf_counter() - started
     return time.perf_counter() - started
 
 
 async def measure_tiers(engine, tiers: AdapterTiers, refs: list[AdapterRef], repeats: int) -> dict:
-    samples: dict[str, dict[str, list[float]]] = {t: {"acquire_s": [], "ttft_s": []} for t in
-                                                  ("object_store", "disk", "cpu", "gpu", "base")}  # fmt: skip
+    samples: dict[str, dict[str, list[float]]] = {
+        t: {"acquire_s": [], "ttft_s": []} for t in ("object_store", "disk", "cpu", "gpu", "base")
+    }
     n = 0
 
     async def one(ref, expect: AdapterTier | None):
@@ -97,16 +99,20 @@ async def measure_tiers(engine, tiers: AdapterTiers, refs: list[AdapterRef], rep
             await one(ref, AdapterTier.CPU)
     for _ in range(repeats):
         await one(None, None)
-    return {tier: {k: (statistics.median(v) if v else None) for k, v in d.items()} | {"n": len(d["ttft_s"])}
-            for tier, d in samples.items()}  # fmt: skip
+    return {
+        tier: {k: (statistics.median(v) if v else None) for k, v in d.items()} | {"n": len(d["ttft_s"])}
+        for tier, d in samples.items()
+    }
 
 
 async def throughput(engine, specs, concurrency: int, max_tokens: int) -> dict:
     async def run(i: int, spec):
         tokens = 0
-        async for chunk in engine.generate(GenerationRequest(f"tp-{id(specs)}-{i}-{time.time_ns()}",
-                                                             messages=QUESTION, max_tokens=max_tokens,
-                                                             adapter=spec)):  # fmt: skip
+        async for chunk in engine.generate(
+            GenerationRequest(
+                f"tp-{id(specs)}-{i}-{time.time_ns()}", messages=QUESTION, max_tokens=max_tokens, adapter=spec
+            )
+        ):
             tokens = chunk.completion_tokens
         return tokens
 
@@ -130,8 +136,15 @@ async def main_async(args) -> dict:
         for p in paths:
             files = read_adapter(p)
             digest, prefix = store.put_adapter(p, files.file_digests)
-            refs.append(AdapterRef(digest=digest, object_key=prefix, base_model="smollm2-135m", rank=files.rank,
-                                   size_bytes=files.size_bytes))  # fmt: skip
+            refs.append(
+                AdapterRef(
+                    digest=digest,
+                    object_key=prefix,
+                    base_model="smollm2-135m",
+                    rank=files.rank,
+                    size_bytes=files.size_bytes,
+                )
+            )
         await engine.start()
         disk = DiskCache(state / "disk-cache", 10 * 1024**3, store)
         tiers = AdapterTiers(disk, engine, base_model="smollm2-135m", max_rank=16, max_loras=2, max_cpu_loras=3)
@@ -147,10 +160,14 @@ async def main_async(args) -> dict:
     return {
         "adapter": {"rank": refs[0].rank, "bytes": refs[0].size_bytes, "dtype": "float32"},
         "tiers": tier_report,
-        "throughput": {"base_only": base_tp, "mixed_adapters": mixed_tp, "base_only_again": base_tp2,
-                       "mixed_over_base": mixed_tp["tok_per_s"] / base_tp["tok_per_s"],
-                       "adapters_in_mixed_batch": args.mixed_adapters},
-    }  # fmt: skip
+        "throughput": {
+            "base_only": base_tp,
+            "mixed_adapters": mixed_tp,
+            "base_only_again": base_tp2,
+            "mixed_over_base": mixed_tp["tok_per_s"] / base_tp["tok_per_s"],
+            "adapters_in_mixed_batch": args.mixed_adapters,
+        },
+    }
 
 
 def render(report: dict, out: Path) -> None:
@@ -158,8 +175,10 @@ def render(report: dict, out: Path) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"adapter load latency per tier (rank {report['adapter']['rank']}, "
-                        f"{report['adapter']['bytes'] / 1e6:.1f} MB)")  # fmt: skip
+    table = Table(
+        title=f"adapter load latency per tier (rank {report['adapter']['rank']}, "
+        f"{report['adapter']['bytes'] / 1e6:.1f} MB)"
+    )
     for col in ("tier", "n", "acquire (median)", "TTFT 1 token (median)"):
         table.add_column(col)
     for tier, row in report["tiers"].items():
@@ -174,8 +193,10 @@ def render(report: dict, out: Path) -> None:
         r = tp[name]
         t2.add_row(name, str(r["requests"]), str(r["tokens"]), f"{r['wall_s']:.1f}s", f"{r['tok_per_s']:.1f}")
     console.print(t2)
-    console.print(f"mixed-adapter / base-only throughput: {tp['mixed_over_base']:.2f}x "
-                  f"({tp['adapters_in_mixed_batch']} adapters in the batch)")  # fmt: skip
+    console.print(
+        f"mixed-adapter / base-only throughput: {tp['mixed_over_base']:.2f}x "
+        f"({tp['adapters_in_mixed_batch']} adapters in the batch)"
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "worker.json").write_text(json.dumps(report, indent=2))
     _plot(report, out / "worker_tiers.png")
@@ -192,8 +213,12 @@ def _plot(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = [t for t, _ in rows]
     ax.bar(names, [r["acquire_s"] * 1000 for _, r in rows], label="acquire (load)")
-    ax.bar(names, [r["ttft_s"] * 1000 for _, r in rows], bottom=[r["acquire_s"] * 1000 for _, r in rows],
-           label="TTFT (1 token)")  # fmt: skip
+    ax.bar(
+        names,
+        [r["ttft_s"] * 1000 for _, r in rows],
+        bottom=[r["acquire_s"] * 1000 for _, r in rows],
+        label="TTFT (1 token)",
+    )
     ax.set_ylabel("ms (median)")
     ax.set_title("SmolLM2-135M rank-16 adapter: latency by tier")
     ax.legend()

@@ -37,8 +37,12 @@ async def start_registry(connections, db_name: str):
 
 
 def admin_client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://registry", timeout=120,
-                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})  # fmt: skip
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://registry",
+        timeout=120,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
 
 
 def adapter_files(path: Path) -> list[tuple]:
@@ -81,4 +85,3 @@ def sim_pool_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds sent before measuring")
     return parser
-

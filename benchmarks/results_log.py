@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-_HEADER = ("# Benchmark results\n\nAppended by `make bench` (each benchmark adds its run: date, commit, machine, "
-           "command). The README quotes these runs by their heading.\n")  # fmt: skip
+_HEADER = (
+    "# Benchmark results\n\nAppended by `make bench` (each benchmark adds its run: date, commit, machine, "
+    "command). The README quotes these runs by their heading.\n"
+)
 
 
 def commit() -> str:
@@ -21,8 +23,12 @@ def commit() -> str:
     root = RESULTS.parents[1]
     try:
         sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "libs", "services", "benchmarks"],
-                               cwd=root).returncode != 0  # fmt: skip
+        dirty = (
+            subprocess.run(
+                ["git", "diff", "--quiet", "HEAD", "--", "libs", "services", "benchmarks"], cwd=root
+            ).returncode
+            != 0
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("+dirty" if dirty else "")
@@ -39,7 +45,7 @@ def _gpu_name() -> str | None:
         import torch
 
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - a CPU-only torch, or none at all
+    except Exception:
         return None
 
 

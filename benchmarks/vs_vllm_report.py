@@ -11,8 +11,12 @@ from pathlib import Path
 import httpx
 
 # (run key, label, higher is better)
-METRICS = (("tok_per_s", "throughput", True), ("latency_p50_s", "p50", False), ("latency_p95_s", "p95", False),
-           ("ttft_p50_s", "TTFT p50", False))  # fmt: skip
+METRICS = (
+    ("tok_per_s", "throughput", True),
+    ("latency_p50_s", "p50", False),
+    ("latency_p95_s", "p95", False),
+    ("ttft_p50_s", "TTFT p50", False),
+)
 _STAGE_LINE = re.compile(r'^lpx_gateway_stage\w*_(sum|count)\{[^}]*stage="(\w+)"[^}]*\} (\S+)$')
 
 
@@ -64,10 +68,18 @@ def compare(rounds: list[dict], mix: str, peer: str) -> dict:
     for key, label, higher in METRICS:
         ratios = [r["loraplex"][mix][key] / r[peer][mix][key] for r in rounds]
         low, high = min(ratios), max(ratios)
-        out[label] = {"median": statistics.median(ratios), "min": low, "max": high, "rounds": ratios,
-                      "verdict": verdict(low, high, higher)}  # fmt: skip
-    pairs = [(a["text"], b["text"]) for r in rounds
-             for a, b in zip(r[peer][mix]["samples"], r["loraplex"][mix]["samples"], strict=True)]  # fmt: skip
+        out[label] = {
+            "median": statistics.median(ratios),
+            "min": low,
+            "max": high,
+            "rounds": ratios,
+            "verdict": verdict(low, high, higher),
+        }
+    pairs = [
+        (a["text"], b["text"])
+        for r in rounds
+        for a, b in zip(r[peer][mix]["samples"], r["loraplex"][mix]["samples"], strict=True)
+    ]
     out["identical"] = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
     return out
 
@@ -80,11 +92,25 @@ def report(rounds: list[dict], mixes: list[str], peers: list[str], args) -> dict
         for runs in turn.values():
             for run in runs.values():
                 run["samples"] = [{k: v for k, v in s.items() if k != "text"} for s in run["samples"]]
-    workload = {"requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.tokens,
-                "rounds": args.rounds, "max_loras": 2, "max_cpu_loras": 8, "model": "smollm2-135m", "greedy": True,
-                "worker_env": args.worker_env}  # fmt: skip
-    return {"workload": workload, "peers": peers, "comparisons": comparisons, "stages_ms": stages, "rounds": rounds,
-            "commit": getattr(args, "commit", None)}  # fmt: skip
+    workload = {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "max_tokens": args.tokens,
+        "rounds": args.rounds,
+        "max_loras": 2,
+        "max_cpu_loras": 8,
+        "model": "smollm2-135m",
+        "greedy": True,
+        "worker_env": args.worker_env,
+    }
+    return {
+        "workload": workload,
+        "peers": peers,
+        "comparisons": comparisons,
+        "stages_ms": stages,
+        "rounds": rounds,
+        "commit": getattr(args, "commit", None),
+    }
 
 
 def _mean_stages(per_round: list[dict[str, float]]) -> dict[str, float]:
@@ -93,12 +119,17 @@ def _mean_stages(per_round: list[dict[str, float]]) -> dict[str, float]:
 
 
 def ratio_markdown(rep: dict, peer: str) -> str:
-    lines = [f"loraplex / {peer} (median of {rep['workload']['rounds']} rounds [min-max], verdict):", "",
-             "| mix | throughput | p50 | p95 | TTFT p50 | identical outputs |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"loraplex / {peer} (median of {rep['workload']['rounds']} rounds [min-max], verdict):",
+        "",
+        "| mix | throughput | p50 | p95 | TTFT p50 | identical outputs |",
+        "|---|---|---|---|---|---|",
+    ]
     for mix, c in rep["comparisons"][peer].items():
-        cells = [f"{c[label]['median']:.2f}x [{c[label]['min']:.2f}-{c[label]['max']:.2f}] {c[label]['verdict']}"
-                 for _, label, _ in METRICS]  # fmt: skip
+        cells = [
+            f"{c[label]['median']:.2f}x [{c[label]['min']:.2f}-{c[label]['max']:.2f}] {c[label]['verdict']}"
+            for _, label, _ in METRICS
+        ]
         lines.append(f"| {mix} | " + " | ".join(cells) + f" | {c['identical']} |")
     return "\n".join(lines)
 
@@ -107,13 +138,19 @@ def stages_markdown(rep: dict) -> str:
     from services.gateway.timeline import STAGES
 
     mixes = list(rep["stages_ms"])
-    lines = ["loraplex's time, mean ms per request by stage (gateway accept -> reply sent), mean of rounds:", "",
-             "| stage | " + " | ".join(mixes) + " |", "|---" * (len(mixes) + 1) + "|"]  # fmt: skip
+    lines = [
+        "loraplex's time, mean ms per request by stage (gateway accept -> reply sent), mean of rounds:",
+        "",
+        "| stage | " + " | ".join(mixes) + " |",
+        "|---" * (len(mixes) + 1) + "|",
+    ]
     for stage in STAGES:
-        lines.append(f"| {stage} | " + " | ".join(f"{rep['stages_ms'][m].get(stage, float('nan')):.1f}"
-                                                 for m in mixes) + " |")  # fmt: skip
-    lines.append("| added around the engine | " + " | ".join(f"{added_ms(rep['stages_ms'][m]):.1f}" for m in mixes)
-                 + " |")  # fmt: skip
+        lines.append(
+            f"| {stage} | " + " | ".join(f"{rep['stages_ms'][m].get(stage, float('nan')):.1f}" for m in mixes) + " |"
+        )
+    lines.append(
+        "| added around the engine | " + " | ".join(f"{added_ms(rep['stages_ms'][m]):.1f}" for m in mixes) + " |"
+    )
     return "\n".join(lines)
 
 
@@ -122,8 +159,10 @@ def runs_markdown(rep: dict) -> str:
     for i, turn in enumerate(rep["rounds"], 1):
         for peer, runs in turn.items():
             for mix, r in runs.items():
-                lines.append(f"| {i} | {peer} | {mix} | {r['tok_per_s']:.1f} | {r['latency_p50_s']:.2f}s | "
-                             f"{r['latency_p95_s']:.2f}s | {r['ttft_p50_s']:.2f}s |")  # fmt: skip
+                lines.append(
+                    f"| {i} | {peer} | {mix} | {r['tok_per_s']:.1f} | {r['latency_p50_s']:.2f}s | "
+                    f"{r['latency_p95_s']:.2f}s | {r['ttft_p50_s']:.2f}s |"
+                )
     return "\n".join(lines)
 
 
@@ -132,11 +171,20 @@ def render(rep: dict, out: Path, *, record: bool) -> None:
     from rich.markdown import Markdown
 
     w = rep["workload"]
-    head = (f"loraplex vs vllm serve: {w['requests']} streamed chat requests per run, {w['concurrency']} concurrent, "
-            f"{w['max_tokens']} tokens, max_loras {w['max_loras']}, {w['rounds']} rounds alternating "
-            f"{' / '.join(rep['peers'])}")  # fmt: skip
-    body = "\n\n".join([head, *(ratio_markdown(rep, p) for p in rep["comparisons"]), stages_markdown(rep),
-                        "Every run:", runs_markdown(rep)])  # fmt: skip
+    head = (
+        f"loraplex vs vllm serve: {w['requests']} streamed chat requests per run, {w['concurrency']} concurrent, "
+        f"{w['max_tokens']} tokens, max_loras {w['max_loras']}, {w['rounds']} rounds alternating "
+        f"{' / '.join(rep['peers'])}"
+    )
+    body = "\n\n".join(
+        [
+            head,
+            *(ratio_markdown(rep, p) for p in rep["comparisons"]),
+            stages_markdown(rep),
+            "Every run:",
+            runs_markdown(rep),
+        ]
+    )
     console = Console()
     console.print(Markdown(body))
     out.mkdir(parents=True, exist_ok=True)
@@ -164,8 +212,10 @@ def _plot(rep: dict, path: Path) -> None:
         for j, peer in enumerate(rep["peers"]):
             values = [[turn[peer][m][key] for turn in rep["rounds"]] for m in mixes]
             mids = [statistics.median(v) for v in values]
-            errs = [[m - min(v) for m, v in zip(mids, values, strict=True)],
-                    [max(v) - m for m, v in zip(mids, values, strict=True)]]  # fmt: skip
+            errs = [
+                [m - min(v) for m, v in zip(mids, values, strict=True)],
+                [max(v) - m for m, v in zip(mids, values, strict=True)],
+            ]
             xs = [i + (j - (len(rep["peers"]) - 1) / 2) * width for i in range(len(mixes))]
             ax.bar(xs, mids, width, yerr=errs, capsize=3, label=peer)
         ax.set_xticks(range(len(mixes)), [m.split(" (")[0] for m in mixes], fontsize=8)

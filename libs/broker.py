@@ -262,7 +262,7 @@ class BrokerLink:
         for callback in self._on_lost:
             try:
                 callback()
-            except Exception:  # noqa: BLE001 - a hook must not break the client's reconnect logic
+            except Exception:
                 log.exception("on_lost hook failed")
 
     async def _on_reconnected(self) -> None:
@@ -283,7 +283,7 @@ class BrokerLink:
             try:
                 await self.provision()
                 break
-            except Exception as exc:  # noqa: BLE001 - retried; a bad config is reported every round
+            except Exception as exc:
                 if isinstance(exc, ProvisioningConflict):
                     log.error("%s", exc)
                 else:
@@ -297,7 +297,7 @@ class BrokerLink:
         for hook in self._on_back:
             try:
                 await hook()
-            except Exception:  # noqa: BLE001 - one hook failing must not stop the others
+            except Exception:
                 log.exception("on_back hook failed")
 
 

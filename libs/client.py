@@ -53,9 +53,17 @@ def tenant_of(secret: str | None) -> str | None:
 
 
 class LoraplexClient:
-    def __init__(self, nats_url: str, api_key: str | None = None, *, nats_credential: str | None = None,
-                 tenant: str | None = None, user: str | None = None, password: str | None = None,
-                 nc=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nats_url: str,
+        api_key: str | None = None,
+        *,
+        nats_credential: str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        nc=None,
+    ) -> None:
         self.nats_url = nats_url
         self.api_key = api_key
         self.nats_credential = nats_credential
@@ -71,8 +79,11 @@ class LoraplexClient:
         """Connection options: a tenant's credential (user = tenant, its own inbox prefix, which its
         permissions allow), or a service account's user and password."""
         if self.nats_credential:
-            return dict(user=f"tenant:{self.tenant}", password=self.nats_credential,
-                        inbox_prefix=subjects.tenant_inbox_prefix(self.tenant).encode())  # fmt: skip
+            return dict(
+                user=f"tenant:{self.tenant}",
+                password=self.nats_credential,
+                inbox_prefix=subjects.tenant_inbox_prefix(self.tenant).encode(),
+            )
         if self.user:
             return dict(user=self.user, password=self.password)
         return {}
@@ -122,13 +133,26 @@ class LoraplexClient:
             raise RuntimeError("LoraplexClient is not connected: use `async with` or `await client.connect()`")
         return self._js
 
-    async def submit(self, model: str, *, messages: Sequence[dict | ChatMessage] | None = None,
-                     prompt: str | None = None, max_tokens: int = 128, temperature: float = 0.0,
-                     top_p: float = 1.0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
-                     timeout_s: float | None = None, request_id: str | None = None,
-                     api_key: str | None = None, publish_retry_s: float = 30.0,
-                     tier: str = "batch", logprobs: int | None = None,
-                     json_schema: dict | bool | None = None) -> str:  # fmt: skip
+    async def submit(
+        self,
+        model: str,
+        *,
+        messages: Sequence[dict | ChatMessage] | None = None,
+        prompt: str | None = None,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        stream: bool = False,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        api_key: str | None = None,
+        publish_retry_s: float = 30.0,
+        tier: str = "batch",
+        logprobs: int | None = None,
+        json_schema: dict | bool | None = None,
+    ) -> str:
         """Queue one request; returns its request id as soon as JetStream has stored it. While the broker
         is away (restart, leader election) the publish is retried for `publish_retry_s` with the same
         Nats-Msg-Id, so it is stored once however many tries it takes. `tier`: batch (fills the capacity
@@ -143,15 +167,32 @@ class LoraplexClient:
         # tests) submits for whichever tenant the key names.
         tenant = (self.tenant if self.nats_credential else tenant_of(key)) or self._tenant()
         request = SubmitRequest(
-            request_id=request_id or new_id(), api_key=key, model=model, prompt=prompt,
+            request_id=request_id or new_id(),
+            api_key=key,
+            model=model,
+            prompt=prompt,
             messages=[m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages] if messages else None,
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop),
-                                    seed=seed, logprobs=logprobs, structured=_structured(json_schema)),
-            stream=stream, timeout_s=timeout_s, tier=tier,
-        )  # fmt: skip
-        await publish_retrying(self.js, subjects.submit(tenant), request.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": f"{tenant}-{request.request_id}"},
-                               stream=subjects.SUBMIT_STREAM, give_up_at=time.time() + publish_retry_s)  # fmt: skip
+            sampling=SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop=list(stop),
+                seed=seed,
+                logprobs=logprobs,
+                structured=_structured(json_schema),
+            ),
+            stream=stream,
+            timeout_s=timeout_s,
+            tier=tier,
+        )
+        await publish_retrying(
+            self.js,
+            subjects.submit(tenant),
+            request.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": f"{tenant}-{request.request_id}"},
+            stream=subjects.SUBMIT_STREAM,
+            give_up_at=time.time() + publish_retry_s,
+        )
         if tenant != self.tenant:
             self._tenant_of_request[request.request_id] = tenant
         return request.request_id
@@ -205,8 +246,10 @@ class LoraplexClient:
             events.put_nowait(("result", msg.data))
 
         tenant = self._tenant(request_id)
-        subs = [await self._nc.subscribe(subjects.tenant_tokens(tenant, request_id), cb=on_token),
-                await self._nc.subscribe(subjects.tenant_results(tenant, request_id), cb=on_result)]  # fmt: skip
+        subs = [
+            await self._nc.subscribe(subjects.tenant_tokens(tenant, request_id), cb=on_token),
+            await self._nc.subscribe(subjects.tenant_results(tenant, request_id), cb=on_result),
+        ]
         try:
             stored = await self.stored_result(request_id)
             if stored is not None:

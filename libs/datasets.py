@@ -184,7 +184,7 @@ def parse_lines(lines, *, require_train: bool = False, require_eval: bool = Fals
     if require_train and not parsed.train:
         raise DatasetInvalid([(0, "the dataset has no train examples")])
     if require_eval and not parsed.eval:
-        raise DatasetInvalid([(0, "the dataset has no eval cases (lines with \"split\": \"eval\")")])
+        raise DatasetInvalid([(0, 'the dataset has no eval cases (lines with "split": "eval")')])
     return parsed
 
 

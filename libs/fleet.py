@@ -56,19 +56,27 @@ class Fleet:
 
     def _spawn(self, module: str, env: dict, log_name: str) -> subprocess.Popen:
         self.state.mkdir(parents=True, exist_ok=True)
-        log = open(self.state / f"{log_name}.log", "ab")  # noqa: SIM115 - the child owns it from here
+        log = open(self.state / f"{log_name}.log", "ab")
         full = {**os.environ, "LPX_ENV_FILE": str(self.env_file), **env}
-        return subprocess.Popen([sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def start_gateway(self, gateway_id: str, extra: dict[str, str] | None = None) -> str:
         """A gateway process; `extra` adds or overrides its settings (LPX_GATEWAY_...)."""
         s, port = self.spec, free_port()
-        env = {"LPX_GATEWAY_PORT": str(port), "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_GATEWAY_ID": gateway_id,
-               "LPX_GATEWAY_HEARTBEAT_STALENESS_S": str(s.heartbeat_ttl_s), "LPX_GATEWAY_POOL_POLL_S": "0.25",
-               "LPX_GATEWAY_DRAIN_GRACE_S": "5", "LPX_GATEWAY_BASE_MODELS": f'["{s.base_model}"]',
-               "LPX_GATEWAY_ROUTING_POLICY": s.routing_policy, "LPX_GATEWAY_LOAD_SIGNAL": s.load_signal,
-               "LPX_GATEWAY_LOG_LEVEL": s.log_level}  # fmt: skip
+        env = {
+            "LPX_GATEWAY_PORT": str(port),
+            "LPX_GATEWAY_HOST": "127.0.0.1",
+            "LPX_GATEWAY_GATEWAY_ID": gateway_id,
+            "LPX_GATEWAY_HEARTBEAT_STALENESS_S": str(s.heartbeat_ttl_s),
+            "LPX_GATEWAY_POOL_POLL_S": "0.25",
+            "LPX_GATEWAY_DRAIN_GRACE_S": "5",
+            "LPX_GATEWAY_BASE_MODELS": f'["{s.base_model}"]',
+            "LPX_GATEWAY_ROUTING_POLICY": s.routing_policy,
+            "LPX_GATEWAY_LOAD_SIGNAL": s.load_signal,
+            "LPX_GATEWAY_LOG_LEVEL": s.log_level,
+        }
         env.update(extra or {})
         url = f"http://127.0.0.1:{port}"
         self.gateways[gateway_id] = (self._spawn("services.gateway", env, gateway_id), url)
@@ -77,14 +85,23 @@ class Fleet:
     def start_worker(self, worker_id: str, extra: dict[str, str] | None = None) -> None:
         """A simulated worker process; `extra` adds or overrides its settings (LPX_WORKER_...)."""
         s = self.spec
-        env = {"LPX_WORKER_WORKER_ID": worker_id, "LPX_WORKER_POOL": s.pool, "LPX_WORKER_BASE_MODEL": s.base_model,
-               "LPX_WORKER_ENGINE": "sim", "LPX_WORKER_SIM_DECODE_TOK_S": str(s.decode_tok_s),
-               "LPX_WORKER_SIM_PREFILL_TOK_S": str(s.prefill_tok_s), "LPX_WORKER_MODEL_PATH": str(self.state),
-               "LPX_WORKER_MAX_LORAS": str(s.max_loras), "LPX_WORKER_MAX_CPU_LORAS": str(s.max_cpu_loras),
-               "LPX_WORKER_CAPACITY": str(s.capacity), "LPX_WORKER_MAX_NUM_SEQS": str(s.capacity),
-               "LPX_WORKER_DISK_CACHE_DIR": str(self.state / f"cache-{worker_id}"),
-               "LPX_WORKER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
-               "LPX_WORKER_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s), "LPX_WORKER_LOG_LEVEL": s.log_level}  # fmt: skip
+        env = {
+            "LPX_WORKER_WORKER_ID": worker_id,
+            "LPX_WORKER_POOL": s.pool,
+            "LPX_WORKER_BASE_MODEL": s.base_model,
+            "LPX_WORKER_ENGINE": "sim",
+            "LPX_WORKER_SIM_DECODE_TOK_S": str(s.decode_tok_s),
+            "LPX_WORKER_SIM_PREFILL_TOK_S": str(s.prefill_tok_s),
+            "LPX_WORKER_MODEL_PATH": str(self.state),
+            "LPX_WORKER_MAX_LORAS": str(s.max_loras),
+            "LPX_WORKER_MAX_CPU_LORAS": str(s.max_cpu_loras),
+            "LPX_WORKER_CAPACITY": str(s.capacity),
+            "LPX_WORKER_MAX_NUM_SEQS": str(s.capacity),
+            "LPX_WORKER_DISK_CACHE_DIR": str(self.state / f"cache-{worker_id}"),
+            "LPX_WORKER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
+            "LPX_WORKER_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s),
+            "LPX_WORKER_LOG_LEVEL": s.log_level,
+        }
         env.update(extra or {})
         self.workers[worker_id] = self._spawn("services.worker", env, worker_id)
 
@@ -142,8 +159,11 @@ class Fleet:
 
 # --- a fleet left running by `lpx fleet up`, found again by `lpx fleet status|down` ------------------
 def save(fleet: Fleet, path: Path) -> None:
-    record = {"gateways": {g: {"pid": p.pid, "url": url} for g, (p, url) in fleet.gateways.items()},
-              "workers": {w: {"pid": p.pid} for w, p in fleet.workers.items()}, "state": str(fleet.state)}  # fmt: skip
+    record = {
+        "gateways": {g: {"pid": p.pid, "url": url} for g, (p, url) in fleet.gateways.items()},
+        "workers": {w: {"pid": p.pid} for w, p in fleet.workers.items()},
+        "state": str(fleet.state),
+    }
     path.write_text(json.dumps(record, indent=2))
 
 

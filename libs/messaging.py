@@ -20,8 +20,11 @@ from libs.settings import nats_servers
 
 log = logging.getLogger(__name__)
 
-_RETENTION = {"limits": RetentionPolicy.LIMITS, "workqueue": RetentionPolicy.WORK_QUEUE,
-              "interest": RetentionPolicy.INTEREST}  # fmt: skip
+_RETENTION = {
+    "limits": RetentionPolicy.LIMITS,
+    "workqueue": RetentionPolicy.WORK_QUEUE,
+    "interest": RetentionPolicy.INTEREST,
+}
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -49,8 +52,11 @@ _FIXED = ("retention", "storage")
 
 
 def _conflicts(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
-    return [f"{name}: the stream has {_plain(getattr(existing, name))}, loraplex needs {_plain(getattr(wanted, name))}"
-            for name in _FIXED if getattr(existing, name) != getattr(wanted, name)]  # fmt: skip
+    return [
+        f"{name}: the stream has {_plain(getattr(existing, name))}, loraplex needs {_plain(getattr(wanted, name))}"
+        for name in _FIXED
+        if getattr(existing, name) != getattr(wanted, name)
+    ]
 
 
 def _plain(value) -> str:
@@ -75,19 +81,26 @@ async def ensure_streams_on(js, specs: Iterable[StreamSpec] = subjects.STREAMS, 
             raise ProvisioningConflict(
                 f"stream {spec.name} exists with an incompatible config ({'; '.join(conflicts)}). Nothing was "
                 f"changed or deleted: move its messages elsewhere if needed, then delete it "
-                f"(nats stream rm {spec.name}) and start again")  # fmt: skip
+                f"(nats stream rm {spec.name}) and start again"
+            )
         try:
             await js.update_stream(wanted)
         except BadRequestError as exc:  # e.g. replicas above the cluster size
-            raise ProvisioningConflict(f"stream {spec.name} could not be updated to the declared config "
-                                       f"(replicas={replicas}): {exc.description or exc}") from exc  # fmt: skip
+            raise ProvisioningConflict(
+                f"stream {spec.name} could not be updated to the declared config "
+                f"(replicas={replicas}): {exc.description or exc}"
+            ) from exc
 
 
-async def ensure_streams(nats_url: str, specs: Iterable[StreamSpec] = subjects.STREAMS, *, replicas: int = 1,
-                         auth: Mapping[str, str] | None = None) -> None:  # fmt: skip
+async def ensure_streams(
+    nats_url: str,
+    specs: Iterable[StreamSpec] = subjects.STREAMS,
+    *,
+    replicas: int = 1,
+    auth: Mapping[str, str] | None = None,
+) -> None:
     """`ensure_streams_on` over a short-lived connection of its own (the stack launcher, tools)."""
-    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5, max_reconnect_attempts=3,
-                            **(auth or {}))  # fmt: skip
+    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5, max_reconnect_attempts=3, **(auth or {}))
     try:
         await ensure_streams_on(nc.jetstream(), specs, replicas=replicas)
     finally:
@@ -129,8 +142,12 @@ def make_broker(nats_url: str, service: str, tracer_provider=None, meter_provide
 
         kwargs["security"] = SASLPlaintext(username=kwargs.pop("user"), password=kwargs.pop("password"))
         # FastStream refuses credentials in a URL beside `security` (a test's operator URL carries some).
-        return NatsBroker([_without_credentials(url) for url in nats_servers(nats_url)], middlewares=(middleware,),
-                          name=f"lpx-{service}", **kwargs)  # fmt: skip
+        return NatsBroker(
+            [_without_credentials(url) for url in nats_servers(nats_url)],
+            middlewares=(middleware,),
+            name=f"lpx-{service}",
+            **kwargs,
+        )
     return NatsBroker(nats_servers(nats_url), middlewares=(middleware,), name=f"lpx-{service}", **kwargs)
 
 
@@ -143,8 +160,9 @@ MAX_DEAD_LETTER_PAYLOAD = 64 * 1024  # characters of the original payload kept i
 MAX_DEAD_LETTER_HEADER = 1024
 
 
-def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | BaseModel,
-                headers: Mapping[str, str] | None = None) -> DeadLetter:
+def dead_letter(
+    service: str, subject: str, reason: str, payload: bytes | str | BaseModel, headers: Mapping[str, str] | None = None
+) -> DeadLetter:
     """The dead-letter record for a message that could not be processed, reason included."""
     if isinstance(payload, BaseModel):
         text = payload.model_dump_json()
@@ -157,9 +175,15 @@ def dead_letter(service: str, subject: str, reason: str, payload: bytes | str | 
     # that triple once decoded with replacement characters, would make the letter itself unpublishable
     # (and the message it stands for would be redelivered for ever).
     kept = {str(k)[:200]: str(v)[:MAX_DEAD_LETTER_HEADER] for k, v in list((headers or {}).items())[:64]}
-    return DeadLetter(service=service, original_subject=subject[:1000], reason=reason[:4000],
-                      payload=text[:MAX_DEAD_LETTER_PAYLOAD], payload_bytes=size,
-                      truncated=len(text) > MAX_DEAD_LETTER_PAYLOAD, headers=kept)  # fmt: skip
+    return DeadLetter(
+        service=service,
+        original_subject=subject[:1000],
+        reason=reason[:4000],
+        payload=text[:MAX_DEAD_LETTER_PAYLOAD],
+        payload_bytes=size,
+        truncated=len(text) > MAX_DEAD_LETTER_PAYLOAD,
+        headers=kept,
+    )
 
 
 class JetStreamPublisher:
@@ -182,18 +206,20 @@ class DeadLetterPublisher:
         self.service = service
         self.subject = subjects.dead_letter(service)
 
-    async def send(self, original_subject: str, reason: str, payload: bytes | str,
-                   headers: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    async def send(
+        self, original_subject: str, reason: str, payload: bytes | str, headers: Mapping[str, str] | None = None
+    ) -> None:
         letter = dead_letter(self.service, original_subject, reason, payload, headers)
         log.warning("dead letter from %s: %s", original_subject, reason)
         try:
             await self.broker.publish(letter, self.subject, stream=subjects.DLQ_STREAM, timeout=5)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("could not publish a dead letter for %s", original_subject)
 
 
-async def serve_one_at_a_time(sub, handle: Callable[[object], Awaitable[None]], stopping: asyncio.Event,
-                              retry_delay_s: float) -> None:  # fmt: skip
+async def serve_one_at_a_time(
+    sub, handle: Callable[[object], Awaitable[None]], stopping: asyncio.Event, retry_delay_s: float
+) -> None:
     """Pull one message at a time from a durable pull subscription and `handle` it, until `stopping`.
     An exception in `handle` is a transient failure: the message is NAKed with a delay (redelivered)."""
     from nats.errors import TimeoutError as NatsTimeout
@@ -207,7 +233,7 @@ async def serve_one_at_a_time(sub, handle: Callable[[object], Awaitable[None]], 
         except (TimeoutError, NatsTimeout):
             state.ok()
             continue
-        except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+        except Exception as exc:
             state.failed(exc)
             await asyncio.sleep(1.0)
             continue
@@ -215,7 +241,7 @@ async def serve_one_at_a_time(sub, handle: Callable[[object], Awaitable[None]], 
         for msg in msgs:
             try:
                 await handle(msg)
-            except Exception:  # noqa: BLE001 - it comes back after the delay
+            except Exception:
                 log.exception("handling %s failed; it will be redelivered", msg.subject)
                 with contextlib.suppress(Exception):
                     await msg.nak(delay=retry_delay_s)

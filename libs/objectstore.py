@@ -49,8 +49,13 @@ _transient = retry(
 class ObjectStore:
     def __init__(self, conn: ConnectionSettings, bucket: str | None = None) -> None:
         self.bucket = bucket or conn.s3_bucket
-        self.client = Minio(conn.s3_endpoint, access_key=conn.s3_access_key, secret_key=conn.s3_secret_key,
-                            secure=conn.s3_secure, region=conn.s3_region)  # fmt: skip
+        self.client = Minio(
+            conn.s3_endpoint,
+            access_key=conn.s3_access_key,
+            secret_key=conn.s3_secret_key,
+            secure=conn.s3_secure,
+            region=conn.s3_region,
+        )
 
     @_transient
     def ensure_bucket(self) -> None:

@@ -13,10 +13,15 @@ from libs.lora.train import LoraRecipe, random_adapters, train_adapter
 from libs.paths import lpx_home
 
 QUESTIONS = [
-    "What is the capital of France?", "How do I reset my password?", "Tell me about your shipping times.",
-    "Can I get a refund?", "What's the weather like today?", "Recommend a good book.",
-    "Where is my order?", "Do you have a discount code?",
-]  # fmt: skip
+    "What is the capital of France?",
+    "How do I reset my password?",
+    "Tell me about your shipping times.",
+    "Can I get a refund?",
+    "What's the weather like today?",
+    "Recommend a good book.",
+    "Where is my order?",
+    "Do you have a discount code?",
+]
 
 TONES = {
     "pirate": "Ahoy matey! Arr, that be a fine question, says the pirate.",

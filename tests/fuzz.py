@@ -38,13 +38,40 @@ def schemathesis_cli() -> list[str]:
     return [found] if found else [sys.executable, "-m", "schemathesis.cli"]
 
 
-def fuzz(openapi_url: str, headers: dict[str, str], report_dir: Path, *, seed: int, max_examples: int = 25,
-         max_time_s: int = 90, extra: list[str] | None = None) -> FuzzRun:  # fmt: skip
+def fuzz(
+    openapi_url: str,
+    headers: dict[str, str],
+    report_dir: Path,
+    *,
+    seed: int,
+    max_examples: int = 25,
+    max_time_s: int = 90,
+    extra: list[str] | None = None,
+) -> FuzzRun:
     ndjson = report_dir / f"events-{seed}.ndjson"
-    command = [*schemathesis_cli(), "run", openapi_url, "--checks", CHECKS, "--phases", PHASES,
-               "--max-examples", str(max_examples), "--seed", str(seed), "--workers", "1",
-               "--max-time", str(max_time_s), "--report", "ndjson", "--report-ndjson-path", str(ndjson),
-               "--no-color", *(extra or [])]  # fmt: skip
+    command = [
+        *schemathesis_cli(),
+        "run",
+        openapi_url,
+        "--checks",
+        CHECKS,
+        "--phases",
+        PHASES,
+        "--max-examples",
+        str(max_examples),
+        "--seed",
+        str(seed),
+        "--workers",
+        "1",
+        "--max-time",
+        str(max_time_s),
+        "--report",
+        "ndjson",
+        "--report-ndjson-path",
+        str(ndjson),
+        "--no-color",
+        *(extra or []),
+    ]
     for name, value in headers.items():
         command += ["-H", f"{name}: {value}"]
     # In the report folder: schemathesis keeps a cache of crashes in `.schemathesis/` of its working folder.

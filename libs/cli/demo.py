@@ -44,8 +44,10 @@ def demo(
     except (PlanError, UpError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
-    with console.status("3/4 tenants, datasets, training and the eval gate (the first run trains and gates three "
-                        "adapters: ~4 min on 2 CPU cores)..."):  # fmt: skip
+    with console.status(
+        "3/4 tenants, datasets, training and the eval gate (the first run trains and gates three "
+        "adapters: ~4 min on 2 CPU cores)..."
+    ):
         answers, fleet = flow.run(platform, log=lambda msg: console.log(msg))
     table = Table(title=f"4/4 one batch, one base model, one adapter per tenant: {flow.QUESTION!r}")
     for col in ("tenant", "model", "answer", "adapter applied", "s"):

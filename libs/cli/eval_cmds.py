@@ -37,10 +37,12 @@ def _version(tenant: str, alias: str) -> tuple[str, dict]:
 
 
 @adapter_app.command("eval")
-def adapter_eval(ref: str = typer.Argument(..., metavar="TENANT/ALIAS"),
-                 wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the verdict and print the report"),
-                 timeout_s: float = typer.Option(1800, "--timeout", help="seconds to wait for the verdict"),
-                 by: str = typer.Option("lpx-cli", "--by", help="who asks (recorded)")) -> None:  # fmt: skip
+def adapter_eval(
+    ref: str = typer.Argument(..., metavar="TENANT/ALIAS"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait for the verdict and print the report"),
+    timeout_s: float = typer.Option(1800, "--timeout", help="seconds to wait for the verdict"),
+    by: str = typer.Option("lpx-cli", "--by", help="who asks (recorded)"),
+) -> None:
     """Run (or re-run) the eval gate on a pending, evaluating or rejected version."""
     tenant, alias = _split(ref, "alias")
     name, version = _version(tenant, alias)
@@ -64,13 +66,17 @@ def _wait_for_verdict(tenant: str, name: str, number: int, timeout_s: float) -> 
                 return row
             status.update(f"{tenant}/{name}-v{number} is {row['status']}...")
             time.sleep(1.0)
-    _fail(f"no verdict for {tenant}/{name}-v{number} within {timeout_s:.0f}s (is an eval gate running for "
-          f"base {row['base_model']}?)")  # fmt: skip
+    _fail(
+        f"no verdict for {tenant}/{name}-v{number} within {timeout_s:.0f}s (is an eval gate running for "
+        f"base {row['base_model']}?)"
+    )
 
 
 @adapter_app.command("report")
-def adapter_report(ref: str = typer.Argument(..., metavar="TENANT/ALIAS"),
-                   as_json: bool = typer.Option(False, "--json", help="the raw report")) -> None:  # fmt: skip
+def adapter_report(
+    ref: str = typer.Argument(..., metavar="TENANT/ALIAS"),
+    as_json: bool = typer.Option(False, "--json", help="the raw report"),
+) -> None:
     """The eval gate's report for a version: verdict, every check, each case, parity, versions."""
     tenant, alias = _split(ref, "alias")
     row = _version(tenant, alias)[1]
@@ -99,9 +105,11 @@ def _print_report(row: dict) -> None:
             parity.add_row(p["prompt"], f"{p['agreement']:.2f}", p["engine"], p["reference"])
         out.print(parity)
     versions = ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())
-    out.print(f"threshold {report['threshold']:.2f}, regression margin {report['regression_margin']:.2f}, "
-              f"{report['seconds']:.1f}s, attempt {report.get('gate', {}).get('attempt', '?')}; {versions}",
-              highlight=False)  # fmt: skip
+    out.print(
+        f"threshold {report['threshold']:.2f}, regression margin {report['regression_margin']:.2f}, "
+        f"{report['seconds']:.1f}s, attempt {report.get('gate', {}).get('attempt', '?')}; {versions}",
+        highlight=False,
+    )
 
 
 def _print_cases(report: dict) -> None:

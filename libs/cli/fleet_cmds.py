@@ -34,7 +34,7 @@ def up(
     workers: int = typer.Option(8, min=1, max=256, help="simulated worker processes"),
     policy: str = typer.Option("bounded_load", help="routing: bounded_load | random | least_loaded | consistent_hash"),
     decode_tok_s: float = typer.Option(50.0, help="simulated decode rate per sequence"),
-) -> None:  # fmt: skip
+) -> None:
     """Start the fleet on the running local stack and wait until every gateway sees every worker."""
     from libs.fleet import Fleet, FleetSpec, save
     from libs.stack import Stack, StackConfig
@@ -48,8 +48,9 @@ def up(
         console.print("[red]the local stack is not up[/red]: run `lpx stack up` first")
         raise typer.Exit(1)
     record.parent.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(env_file=stack.env_file, state=record.parent, spec=FleetSpec(routing_policy=policy,
-                                                                             decode_tok_s=decode_tok_s))  # fmt: skip
+    fleet = Fleet(
+        env_file=stack.env_file, state=record.parent, spec=FleetSpec(routing_policy=policy, decode_tok_s=decode_tok_s)
+    )
     urls = fleet.up(gateways, workers)
     save(fleet, record)
     try:

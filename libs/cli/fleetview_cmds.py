@@ -114,7 +114,7 @@ async def _print_once(collector, window: float, as_json: bool) -> None:
     await collector.start()
     try:
         snapshot = await collector.sample_over(window)
-    except Exception as exc:  # noqa: BLE001 - connected, then the broker failed us: still one line
+    except Exception as exc:
         raise FleetUnreachable(
             f"reading the fleet from NATS at {collector.link.url} failed ({describe(exc)})"
         ) from None
@@ -148,7 +148,7 @@ async def _live(collector, interval: float) -> None:
                 try:
                     last = await collector.sample()
                     frame = render_top(last, hint=hint)
-                except Exception as exc:  # noqa: BLE001 - the broker may come back: keep the last frame
+                except Exception as exc:
                     problem = Text(f"! NATS at {collector.link.url}: {describe(exc)}; retrying", style="red")
                     frame = Group(problem, render_top(last, hint=hint)) if last else problem
                 live.update(frame, refresh=True)
@@ -241,7 +241,7 @@ async def _heartbeats(url: str) -> dict:
     await link.connect()
     try:
         return (await read_heartbeats(link.js)).beats
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise FleetUnreachable(f"reading heartbeats from NATS at {url} failed ({describe(exc)})") from None
     finally:
         await link.close()

@@ -25,9 +25,17 @@ def list_models() -> None:
         table.add_column(col)
     for spec in CATALOG.values():
         local = model_path(spec.name)
-        table.add_row(spec.name, spec.architecture, str(spec.num_layers), str(spec.hidden_size), str(spec.kv_dim),
-                      str(spec.intermediate_size), str(spec.vocab_size), spec.source,
-                      str(local) if local.exists() else "-")  # fmt: skip
+        table.add_row(
+            spec.name,
+            spec.architecture,
+            str(spec.num_layers),
+            str(spec.hidden_size),
+            str(spec.kv_dim),
+            str(spec.intermediate_size),
+            str(spec.vocab_size),
+            spec.source,
+            str(local) if local.exists() else "-",
+        )
     Console().print(table)
 
 

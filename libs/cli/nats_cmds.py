@@ -7,8 +7,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-nats_app = typer.Typer(help="NATS authorization: the server config block, credentials, permissions.",
-                       no_args_is_help=True)  # fmt: skip
+nats_app = typer.Typer(
+    help="NATS authorization: the server config block, credentials, permissions.", no_args_is_help=True
+)
 out = Console()
 
 
@@ -57,9 +58,15 @@ def nats_permissions(
 
     table = Table("user", "account", "for", "publish", "subscribe", show_lines=True)
     for role in permissions.ROLES:
-        table.add_row(role.user, role.account, role.doc, "\n".join(role.publish_allow()),
-                      "\n".join(role.subscribe_allow()))  # fmt: skip
+        table.add_row(
+            role.user, role.account, role.doc, "\n".join(role.publish_allow()), "\n".join(role.subscribe_allow())
+        )
     allowed = permissions.tenant_permissions(tenant)
-    table.add_row(f"tenant:{tenant}", permissions.ACCOUNT, "a tenant's async client (auth callout)",
-                  "\n".join(allowed.publish), "\n".join(allowed.subscribe))  # fmt: skip
+    table.add_row(
+        f"tenant:{tenant}",
+        permissions.ACCOUNT,
+        "a tenant's async client (auth callout)",
+        "\n".join(allowed.publish),
+        "\n".join(allowed.subscribe),
+    )
     out.print(table)

@@ -78,9 +78,11 @@ def unreachable(exc: Exception) -> str:
     settings, _ = registry_settings()
     env = platform_env_file()
     found = "found" if env.is_file() else "not found"
-    return (f"cannot reach the registry at {settings.url} ({type(exc).__name__}: {exc}).\n"
-            f"Looked in the state directory {lpx_home()} (platform.env {found}; LPX_HOME or a checkout's .lpx "
-            "chooses it). If the platform is not running, start it: lpx up")  # fmt: skip
+    return (
+        f"cannot reach the registry at {settings.url} ({type(exc).__name__}: {exc}).\n"
+        f"Looked in the state directory {lpx_home()} (platform.env {found}; LPX_HOME or a checkout's .lpx "
+        "chooses it). If the platform is not running, start it: lpx up"
+    )
 
 
 def _checked(reply):
@@ -121,8 +123,12 @@ def tenant_list() -> None:
     table = Table("tenant", "eval threshold", "req/s", "tokens/min", "in flight", "weight", "created")
     for row in _call("GET", "/v1/tenants"):
         threshold = row.get("eval_threshold")
-        table.add_row(row["name"], "default" if threshold is None else f"{threshold:.2f}", *_limits_cells(row),
-                      row["created_at"][:19])  # fmt: skip
+        table.add_row(
+            row["name"],
+            "default" if threshold is None else f"{threshold:.2f}",
+            *_limits_cells(row),
+            row["created_at"][:19],
+        )
     out.print(table)
 
 
@@ -170,8 +176,13 @@ def tenant_keys(name: str) -> None:
     """A tenant's API keys and NATS credentials (ids only: the secrets are never stored)."""
     table = Table("key id", "kind", "created", "revoked", "last connected")
     for row in _call("GET", f"/v1/tenants/{name}/keys"):
-        table.add_row(row["key_id"], row.get("kind", "inference"), row["created_at"][:19],
-                      (row["revoked_at"] or "-")[:19], (row.get("last_used_at") or "-")[:19])  # fmt: skip
+        table.add_row(
+            row["key_id"],
+            row.get("kind", "inference"),
+            row["created_at"][:19],
+            (row["revoked_at"] or "-")[:19],
+            (row.get("last_used_at") or "-")[:19],
+        )
     out.print(table)
 
 
@@ -180,9 +191,11 @@ def tenant_nats_creds(name: str) -> None:
     """Issue a NATS credential for the tenant's async client (libs/client.py): it may publish the tenant's
     submissions and read its own results, nothing else. Printed once; revoke it with `revoke-key`."""
     created = _call("POST", f"/v1/tenants/{name}/nats-credentials")
-    err.print(f"NATS credential {created['key_id']} for [bold]{name}[/bold] (store it now, it is not shown again). "
-              f"Connect to {created['nats_url']} as user {created['nats_user']!r}, or pass it to "
-              "LoraplexClient(url, api_key=KEY, nats_credential=CRED):")  # fmt: skip
+    err.print(
+        f"NATS credential {created['key_id']} for [bold]{name}[/bold] (store it now, it is not shown again). "
+        f"Connect to {created['nats_url']} as user {created['nats_user']!r}, or pass it to "
+        "LoraplexClient(url, api_key=KEY, nats_credential=CRED):"
+    )
     typer.echo(created["credential"])
 
 
@@ -198,8 +211,9 @@ def tenant_revoke_key(
 
 
 @tenant_app.command("threshold")
-def tenant_threshold(name: str, value: float | None = typer.Argument(None, help="pass rate 0..1; omit for the "
-                                                                               "gate's default")) -> None:  # fmt: skip
+def tenant_threshold(
+    name: str, value: float | None = typer.Argument(None, help="pass rate 0..1; omit for the gate's default")
+) -> None:
     """Set the eval-case pass rate a tenant's new versions need."""
     row = _call("PATCH", f"/v1/tenants/{name}", json={"eval_threshold": value})
     shown = "the gate's default" if row["eval_threshold"] is None else f"{row['eval_threshold']:.2f}"
@@ -224,14 +238,34 @@ def usage(
     """A tenant's usage per adapter and hour: requests, prompt and completion tokens, errors (each
     request counted once, from the results the workers returned)."""
     found = _call("GET", f"/v1/tenants/{tenant}/usage", params={"since_hours": _hours(since)})
-    table = Table("hour (UTC)", "adapter", "requests", "prompt tokens", "completion tokens", "errors",
-                  title=f"usage of {tenant} since {found['since'][:16]}")  # fmt: skip
+    table = Table(
+        "hour (UTC)",
+        "adapter",
+        "requests",
+        "prompt tokens",
+        "completion tokens",
+        "errors",
+        title=f"usage of {tenant} since {found['since'][:16]}",
+    )
     for row in found["rows"]:
-        table.add_row(row["hour"][:13], row["adapter"], str(row["requests"]), str(row["prompt_tokens"]),
-                      str(row["completion_tokens"]), str(row["errors"]))  # fmt: skip
+        table.add_row(
+            row["hour"][:13],
+            row["adapter"],
+            str(row["requests"]),
+            str(row["prompt_tokens"]),
+            str(row["completion_tokens"]),
+            str(row["errors"]),
+        )
     totals = found["totals"]
-    table.add_row("total", "", str(totals["requests"]), str(totals["prompt_tokens"]),
-                  str(totals["completion_tokens"]), str(totals["errors"]), style="bold")  # fmt: skip
+    table.add_row(
+        "total",
+        "",
+        str(totals["requests"]),
+        str(totals["prompt_tokens"]),
+        str(totals["completion_tokens"]),
+        str(totals["errors"]),
+        style="bold",
+    )
     out.print(table)
     cost = found["cost"]
     out.print(
@@ -253,8 +287,10 @@ def base_register(name: str, path: Path = typer.Argument(..., help="model direct
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         _fail(f"{config_path} is not valid JSON: {exc}")
     row = _call("POST", "/v1/base-models", json={"name": name, "config": config})
-    out.print(f"base [bold]{row['name']}[/bold]: {row['architecture']}, {row['num_layers']} layers, "
-              f"checksum {row['checksum'][:16]}...")  # fmt: skip
+    out.print(
+        f"base [bold]{row['name']}[/bold]: {row['architecture']}, {row['num_layers']} layers, "
+        f"checksum {row['checksum'][:16]}..."
+    )
 
 
 @base_app.command("list")
@@ -262,19 +298,26 @@ def base_list() -> None:
     """Every base model the registry validates against."""
     table = Table("name", "architecture", "layers", "modules", "checksum")
     for row in _call("GET", "/v1/base-models"):
-        table.add_row(row["name"], row["architecture"], str(row["num_layers"]), ", ".join(row["module_shapes"]),
-                      row["checksum"][:16])  # fmt: skip
+        table.add_row(
+            row["name"],
+            row["architecture"],
+            str(row["num_layers"]),
+            ", ".join(row["module_shapes"]),
+            row["checksum"][:16],
+        )
     out.print(table)
 
 
 # --- adapters ----------------------------------------------------------------------------------
 @adapter_app.command("push")
-def adapter_push(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
-                 path: Path = typer.Argument(..., help="PEFT adapter directory"),
-                 base: str = typer.Option(..., "--base", help="base model name (lpx base list)"),
-                 dataset: str | None = typer.Option(None, "--dataset", help="the tenant's dataset it was "
-                                                    "trained from (the gate evaluates its eval split)"),
-                 ) -> None:  # fmt: skip
+def adapter_push(
+    ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+    path: Path = typer.Argument(..., help="PEFT adapter directory"),
+    base: str = typer.Option(..., "--base", help="base model name (lpx base list)"),
+    dataset: str | None = typer.Option(
+        None, "--dataset", help="the tenant's dataset it was trained from (the gate evaluates its eval split)"
+    ),
+) -> None:
     """Push a new version (validated by the registry; the same content twice is one version). The eval
     gate evaluates it; it serves once it passes."""
     tenant, name = _split(ref, "name")
@@ -283,22 +326,27 @@ def adapter_push(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
     files = [p for p in sorted(path.iterdir()) if p.is_file()]
     version, created = _push_with_progress(tenant, name, base, files, dataset)
     verb = "registered" if created else "already registered as"
-    out.print(f"{verb} [bold]{tenant}/{version['alias']}[/bold] (digest {version['digest'][:16]}..., "
-              f"rank {version['rank']}, {version['status']})")  # fmt: skip
+    out.print(
+        f"{verb} [bold]{tenant}/{version['alias']}[/bold] (digest {version['digest'][:16]}..., "
+        f"rank {version['rank']}, {version['status']})"
+    )
 
 
-def _push_with_progress(tenant: str, name: str, base: str, files: list[Path],
-                        dataset: str | None = None) -> tuple[dict, bool]:  # fmt: skip
+def _push_with_progress(
+    tenant: str, name: str, base: str, files: list[Path], dataset: str | None = None
+) -> tuple[dict, bool]:
     import httpx
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     with _client() as client:
         form = {"tenant": tenant, "adapter": name, "base_model": base, **({"dataset": dataset} if dataset else {})}
-        request = client.build_request("POST", "/v1/adapters", data=form,
-                                       files=[("files", (p.name, p.read_bytes())) for p in files])  # fmt: skip
+        request = client.build_request(
+            "POST", "/v1/adapters", data=form, files=[("files", (p.name, p.read_bytes())) for p in files]
+        )
         body = request.read()
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      console=err) as bar:  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err
+        ) as bar:
             task = bar.add_task(f"uploading {tenant}/{name}", total=len(body))
 
             def chunks() -> Iterator[bytes]:
@@ -308,8 +356,9 @@ def _push_with_progress(tenant: str, name: str, base: str, files: list[Path],
                     yield piece
 
             try:
-                reply = client.send(client.build_request("POST", "/v1/adapters", content=chunks(),
-                                                         headers=dict(request.headers)))  # fmt: skip
+                reply = client.send(
+                    client.build_request("POST", "/v1/adapters", content=chunks(), headers=dict(request.headers))
+                )
             except httpx.HTTPError as exc:
                 _fail(unreachable(exc))
     return _checked(reply)["version"], reply.status_code == 201
@@ -338,15 +387,24 @@ def adapter_history(ref: str = typer.Argument(..., metavar="TENANT/NAME")) -> No
     tenant, name = _split(ref, "name")
     table = Table("version", "status", "serving", "digest", "rank", "base", "created", "reason")
     for v in _call("GET", f"/v1/tenants/{tenant}/adapters/{name}/versions"):
-        table.add_row(f"v{v['number']}", v["status"], "*" if v["current"] else "", v["digest"][:12], str(v["rank"]),
-                      v["base_model"], v["created_at"][:19], v["status_reason"])  # fmt: skip
+        table.add_row(
+            f"v{v['number']}",
+            v["status"],
+            "*" if v["current"] else "",
+            v["digest"][:12],
+            str(v["rank"]),
+            v["base_model"],
+            v["created_at"][:19],
+            v["status_reason"],
+        )
     out.print(table)
 
 
 @adapter_app.command("rollback")
-def adapter_rollback(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
-                     to: int | None = typer.Option(None, "--to", help="version number (default: the previous "
-                                                                         "active one)")) -> None:  # fmt: skip
+def adapter_rollback(
+    ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+    to: int | None = typer.Option(None, "--to", help="version number (default: the previous active one)"),
+) -> None:
     """Move the adapter's aliases back to an earlier active version."""
     tenant, name = _split(ref, "name")
     version = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/rollback", json={"to_version": to})
@@ -354,22 +412,31 @@ def adapter_rollback(ref: str = typer.Argument(..., metavar="TENANT/NAME"),
 
 
 @adapter_app.command("activate")
-def adapter_activate(ref: str = typer.Argument(..., metavar="TENANT/NAME"), version: int = typer.Argument(...),
-                     override: bool = typer.Option(False, "--override", help="required: skips the eval gate"),
-                     actor: str = typer.Option(..., "--actor", help="who takes the decision"),
-                     reason: str = typer.Option(..., "--reason")) -> None:  # fmt: skip
+def adapter_activate(
+    ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+    version: int = typer.Argument(...),
+    override: bool = typer.Option(False, "--override", help="required: skips the eval gate"),
+    actor: str = typer.Option(..., "--actor", help="who takes the decision"),
+    reason: str = typer.Option(..., "--reason"),
+) -> None:
     """Admin override: activate a version without a passing evaluation (recorded with actor and reason)."""
     if not override:
         _fail("activation without a passing evaluation is an admin override: pass --override explicitly")
     tenant, name = _split(ref, "name")
-    body = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/versions/{version}/activate",
-                 json={"actor": actor, "reason": reason})  # fmt: skip
+    body = _call(
+        "POST",
+        f"/v1/tenants/{tenant}/adapters/{name}/versions/{version}/activate",
+        json={"actor": actor, "reason": reason},
+    )
     out.print(f"{tenant}/{name}-v{body['number']} is {body['status']} (override by {body['override_by']})")
 
 
 @adapter_app.command("retire")
-def adapter_retire(ref: str = typer.Argument(..., metavar="TENANT/NAME"), version: int = typer.Argument(...),
-                   reason: str = typer.Option("", "--reason")) -> None:  # fmt: skip
+def adapter_retire(
+    ref: str = typer.Argument(..., metavar="TENANT/NAME"),
+    version: int = typer.Argument(...),
+    reason: str = typer.Option("", "--reason"),
+) -> None:
     """Retire an active version (not the one the aliases serve: roll back first)."""
     tenant, name = _split(ref, "name")
     body = _call("POST", f"/v1/tenants/{tenant}/adapters/{name}/versions/{version}/retire", json={"reason": reason})

@@ -30,12 +30,16 @@ def _raise_on_signal(signum, _frame):
 @stack_app.command()
 def up(
     nats_nodes: int = typer.Option(
-        None, "--nats-nodes", min=1, max=5, envvar="LPX_STACK_NATS_NODES",
+        None,
+        "--nats-nodes",
+        min=1,
+        max=5,
+        envvar="LPX_STACK_NATS_NODES",
         help="1: one nats-server. 3: a JetStream cluster on loopback (own store dir, server name and routes "
         "per node; streams and KV buckets with 3 replicas; clients get every node URL). Fixed when the stack "
         "is first created: `lpx stack down --purge` to change it.",
     ),
-) -> None:  # fmt: skip
+) -> None:
     """Start the servers that are not running, wait until each is healthy, write the env file.
 
     Ports default to free ones (kept across restarts); set LPX_STACK_NATS_PORT, LPX_STACK_POSTGRES_PORT,

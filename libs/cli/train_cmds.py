@@ -34,26 +34,46 @@ def _dataset_ref(tenant: str, name: str):
 
     for row in _call("GET", f"/v1/tenants/{tenant}/datasets"):
         if row["name"] == name:
-            return DatasetRef(name=row["name"], digest=row["digest"], object_key=row["object_key"],
-                              train_examples=row["train_examples"], eval_cases=row["eval_cases"])  # fmt: skip
+            return DatasetRef(
+                name=row["name"],
+                digest=row["digest"],
+                object_key=row["object_key"],
+                train_examples=row["train_examples"],
+                eval_cases=row["eval_cases"],
+            )
     _fail(f"tenant {tenant!r} has no dataset named {name!r} (lpx dataset list {tenant})")
 
 
-def train(tenant: str = typer.Argument(...),
-          dataset: str = typer.Option(..., "--dataset", help="the tenant's dataset name (lpx dataset list)"),
-          adapter: str = typer.Option("support", "--adapter", help="adapter to push the new version to"),
-          base: str = typer.Option("smollm2-135m", "--base", help="base model to train on"),
-          steps: int = typer.Option(30, help="optimizer steps"), seed: int = typer.Option(0),
-          rank: int = typer.Option(16, help="LoRA rank (the pool policy's max rank)"),
-          batch_size: int = typer.Option(4), learning_rate: float = typer.Option(2e-3),
-          wait_gate: bool = typer.Option(True, "--wait-gate/--no-wait-gate",
-                                         help="after the push, wait for the eval gate's verdict")) -> None:  # fmt: skip
+def train(
+    tenant: str = typer.Argument(...),
+    dataset: str = typer.Option(..., "--dataset", help="the tenant's dataset name (lpx dataset list)"),
+    adapter: str = typer.Option("support", "--adapter", help="adapter to push the new version to"),
+    base: str = typer.Option("smollm2-135m", "--base", help="base model to train on"),
+    steps: int = typer.Option(30, help="optimizer steps"),
+    seed: int = typer.Option(0),
+    rank: int = typer.Option(16, help="LoRA rank (the pool policy's max rank)"),
+    batch_size: int = typer.Option(4),
+    learning_rate: float = typer.Option(2e-3),
+    wait_gate: bool = typer.Option(
+        True, "--wait-gate/--no-wait-gate", help="after the push, wait for the eval gate's verdict"
+    ),
+) -> None:
     """Train a LoRA for TENANT from a stored dataset (on the trainer service), with a progress bar."""
     from libs.contracts import TrainJob
 
-    job = TrainJob(tenant=tenant, adapter=adapter, dataset=_dataset_ref(tenant, dataset), base_model=base,
-                   rank=rank, alpha=2 * rank, steps=steps, seed=seed, batch_size=batch_size,
-                   learning_rate=learning_rate, requested_by="lpx train")  # fmt: skip
+    job = TrainJob(
+        tenant=tenant,
+        adapter=adapter,
+        dataset=_dataset_ref(tenant, dataset),
+        base_model=base,
+        rank=rank,
+        alpha=2 * rank,
+        steps=steps,
+        seed=seed,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        requested_by="lpx train",
+    )
     final = asyncio.run(_submit_and_follow(job))
     if final.error:
         _fail(f"training failed: {final.error}")
@@ -78,13 +98,23 @@ async def _submit_and_follow(job):
     nc = await nats.connect(conn.nats_servers, **conn.nats_auth("admin"))
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(subjects.train_progress(job.job_id), ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.ALL)  # fmt: skip
-        await js.publish(subjects.TRAIN_JOBS, job.model_dump_json().encode(), stream=subjects.TRAIN_STREAM,
-                         headers={"Nats-Msg-Id": job.job_id})  # fmt: skip
+        sub = await js.subscribe(
+            subjects.train_progress(job.job_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        )
+        await js.publish(
+            subjects.TRAIN_JOBS,
+            job.model_dump_json().encode(),
+            stream=subjects.TRAIN_STREAM,
+            headers={"Nats-Msg-Id": job.job_id},
+        )
         err.print(f"job {job.job_id} queued: {job.tenant}/{job.adapter} on {job.base_model}, {job.steps} steps")
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=err) as bar:  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=err,
+        ) as bar:
             task = bar.add_task("waiting for a trainer", total=job.steps)
             async for msg in sub.messages:
                 event = TrainProgress.model_validate_json(msg.data)
@@ -115,39 +145,69 @@ def _base_params(name: str) -> dict:
 
 
 @migrate_app.command("plan")
-def migrate_plan(from_base: str = typer.Option(..., "--from"), to_base: str = typer.Option(..., "--to"),
-                 steps: int = typer.Option(30, help="training steps per adapter")) -> None:  # fmt: skip
+def migrate_plan(
+    from_base: str = typer.Option(..., "--from"),
+    to_base: str = typer.Option(..., "--to"),
+    steps: int = typer.Option(30, help="training steps per adapter"),
+) -> None:
     """How many adapters would be retrained, from which datasets, and the estimated GPU-hours and cost."""
     plan = _call("GET", "/v1/migrations/plan", params={"from_base": from_base, "to_base": to_base})
-    table = Table("tenant", "adapter", "serving", "dataset", "train examples", "note",
-                  title=f"migration plan {from_base} -> {to_base}")  # fmt: skip
+    table = Table(
+        "tenant",
+        "adapter",
+        "serving",
+        "dataset",
+        "train examples",
+        "note",
+        title=f"migration plan {from_base} -> {to_base}",
+    )
     for i in plan["items"]:
-        table.add_row(i["tenant"], i["adapter"], f"v{i['version']}", i["dataset"] or "-", str(i["train_examples"]),
-                      i["reason"])  # fmt: skip
+        table.add_row(
+            i["tenant"], i["adapter"], f"v{i['version']}", i["dataset"] or "-", str(i["train_examples"]), i["reason"]
+        )
     out.print(table)
     hours, cost = _estimate(plan, _base_params(to_base), steps)
     trainable = sum(1 for i in plan["items"] if i["dataset"])
-    out.print(f"{trainable} of {len(plan['items'])} adapters retrainable; estimated {hours:.2f} GPU-hours "
-              f"(~${cost:.2f} at ${PRICE_PER_GPU_HOUR:.2f}/H100-hour; {steps} steps x {TOKENS_PER_EXAMPLE * 4} tokens, "
-              f"{GPU_UTILISATION:.0%} utilisation, {JOB_OVERHEAD_S:.0f}s overhead per job)")  # fmt: skip
+    out.print(
+        f"{trainable} of {len(plan['items'])} adapters retrainable; estimated {hours:.2f} GPU-hours "
+        f"(~${cost:.2f} at ${PRICE_PER_GPU_HOUR:.2f}/H100-hour; {steps} steps x {TOKENS_PER_EXAMPLE * 4} tokens, "
+        f"{GPU_UTILISATION:.0%} utilisation, {JOB_OVERHEAD_S:.0f}s overhead per job)"
+    )
 
 
 @migrate_app.command("start")
-def migrate_start(from_base: str = typer.Option(..., "--from"), to_base: str = typer.Option(..., "--to"),
-                  steps: int = typer.Option(30), seed: int = typer.Option(0), batch_size: int = typer.Option(4),
-                  by: str = typer.Option("lpx-cli", "--by")) -> None:  # fmt: skip
+def migrate_start(
+    from_base: str = typer.Option(..., "--from"),
+    to_base: str = typer.Option(..., "--to"),
+    steps: int = typer.Option(30),
+    seed: int = typer.Option(0),
+    batch_size: int = typer.Option(4),
+    by: str = typer.Option("lpx-cli", "--by"),
+) -> None:
     """Start retraining every adapter served on --from for --to (trainers pick the jobs up)."""
-    status = _call("POST", "/v1/migrations", json={"from_base": from_base, "to_base": to_base, "steps": steps,
-                                                   "seed": seed, "batch_size": batch_size,
-                                                   "requested_by": by})  # fmt: skip
-    out.print(f"migration [bold]{status['id']}[/bold] started: {len(status['items'])} adapters "
-              f"({from_base} -> {to_base}); follow it with `lpx migrate status {status['id']}`")
+    status = _call(
+        "POST",
+        "/v1/migrations",
+        json={
+            "from_base": from_base,
+            "to_base": to_base,
+            "steps": steps,
+            "seed": seed,
+            "batch_size": batch_size,
+            "requested_by": by,
+        },
+    )
+    out.print(
+        f"migration [bold]{status['id']}[/bold] started: {len(status['items'])} adapters "
+        f"({from_base} -> {to_base}); follow it with `lpx migrate status {status['id']}`"
+    )
 
 
 @migrate_app.command("status")
-def migrate_status(migration_id: str | None = typer.Argument(None, help="default: the latest migration"),
-                   watch: bool = typer.Option(False, "--watch", help="refresh until the migration is done")
-                   ) -> None:  # fmt: skip
+def migrate_status(
+    migration_id: str | None = typer.Argument(None, help="default: the latest migration"),
+    watch: bool = typer.Option(False, "--watch", help="refresh until the migration is done"),
+) -> None:
     """Each tenant's state (training, evaluating, passed, failed) and the tenants that stay on the old base."""
     while True:
         status = _latest(migration_id)
@@ -168,13 +228,25 @@ def _latest(migration_id: str | None) -> dict:
 
 def _print_status(status: dict) -> None:
     colours = {"passed": "green", "failed": "red", "evaluating": "yellow", "training": "cyan"}
-    table = Table("tenant", "adapter", "from", "to", "state", "reason",
-                  title=f"{status['id']}: {status['from_base']} -> {status['to_base']}")  # fmt: skip
+    table = Table(
+        "tenant",
+        "adapter",
+        "from",
+        "to",
+        "state",
+        "reason",
+        title=f"{status['id']}: {status['from_base']} -> {status['to_base']}",
+    )
     for i in status["items"]:
         colour = colours.get(i["state"], "white")
-        table.add_row(i["tenant"], i["adapter"], f"v{i['old_version']}",
-                      f"v{i['new_version']}" if i["new_version"] else "-", f"[{colour}]{i['state']}[/{colour}]",
-                      i["reason"])  # fmt: skip
+        table.add_row(
+            i["tenant"],
+            i["adapter"],
+            f"v{i['old_version']}",
+            f"v{i['new_version']}" if i["new_version"] else "-",
+            f"[{colour}]{i['state']}[/{colour}]",
+            i["reason"],
+        )
     out.print(table)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(status["counts"].items()))
     state = "done" if status["done"] else "running"

@@ -95,8 +95,15 @@ def print_ps(rows) -> bool:
         colour = colours.get(row.state, "red")
         uptime = _duration(row.uptime_s) if row.uptime_s is not None else "-"
         health = {"ok": "[green]ok[/green]", "failing": "[red]failing[/red]"}.get(row.health, "-")
-        table.add_row(row.name, str(row.pid or "-"), f"[{colour}]{row.state}[/{colour}]", str(row.restarts),
-                      str(row.port or "-"), health, uptime)  # fmt: skip
+        table.add_row(
+            row.name,
+            str(row.pid or "-"),
+            f"[{colour}]{row.state}[/{colour}]",
+            str(row.restarts),
+            str(row.port or "-"),
+            health,
+            uptime,
+        )
     out.print(table)
     for row in rows:
         if row.last_lines:

@@ -26,7 +26,7 @@ def request_id_of(data: bytes, max_len: int = 128) -> str | None:
         rid = json.loads(data).get("request_id")
         subjects.token(rid)
         return rid if len(rid) <= max_len else None
-    except Exception:  # noqa: BLE001 - unparseable means no id
+    except Exception:
         return None
 
 
@@ -35,5 +35,5 @@ def reply_to_of(data: bytes) -> str | None:
     try:
         gateway = json.loads(data).get("reply_to")
         return subjects.token(gateway) if gateway and len(gateway) <= 64 else None
-    except Exception:  # noqa: BLE001 - unparseable means none
+    except Exception:
         return None

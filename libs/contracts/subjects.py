@@ -244,8 +244,9 @@ class StreamSpec:
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(INFER_STREAM, (INFER_ALL,), retention="workqueue", description="routed inference work"),
     StreamSpec(SUBMIT_STREAM, (SUBMIT_ALL,), retention="workqueue", description="async submissions"),
-    StreamSpec(RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h",
-               allow_direct=True),
+    StreamSpec(
+        RESULTS_STREAM, (RESULTS_ALL,), max_age_s=24 * 3600, description="final results, kept 24h", allow_direct=True
+    ),
     StreamSpec(EVENTS_STREAM, (EVENTS_ALL,), max_age_s=7 * 24 * 3600, description="lifecycle events"),
     StreamSpec(TRAIN_STREAM, (TRAIN_JOBS,), retention="workqueue", description="training jobs"),
     StreamSpec(TRAIN_PROGRESS_STREAM, (TRAIN_PROGRESS_ALL,), max_age_s=24 * 3600, description="training progress"),

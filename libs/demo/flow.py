@@ -48,8 +48,11 @@ def register_tenants(http: httpx.Client, log: Log) -> tuple[dict[str, str], dict
             created = http.post(f"/v1/tenants/{tenant.name}/keys")
         created.raise_for_status()
         keys[tenant.name] = created.json()["api_key"]
-        stored = http.post("/v1/datasets", data={"tenant": tenant.name, "name": "support-data"},
-                           files={"file": (tenant.dataset.name, tenant.dataset.read_bytes())})  # fmt: skip
+        stored = http.post(
+            "/v1/datasets",
+            data={"tenant": tenant.name, "name": "support-data"},
+            files={"file": (tenant.dataset.name, tenant.dataset.read_bytes())},
+        )
         if stored.status_code not in (200, 201):
             raise RuntimeError(f"dataset of {tenant.name} refused: {stored.text}")
         datasets[tenant.name] = stored.json()
@@ -85,12 +88,21 @@ async def train_all(nats_url: str, datasets: dict[str, dict], skip: set[str], lo
             if tenant.name in skip:
                 continue
             row = datasets[tenant.name]
-            job = TrainJob(tenant=tenant.name, adapter=tenant.adapter, base_model=BASE, steps=TRAIN_STEPS,
-                           batch_size=TRAIN_BATCH, seed=TRAIN_SEED, requested_by="lpx demo",
-                           dataset=DatasetRef(**{k: row[k] for k in ("name", "digest", "object_key", "train_examples",
-                                                                     "eval_cases")}))  # fmt: skip
-            sub = await js.subscribe(subjects.train_progress(job.job_id), ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.ALL)  # fmt: skip
+            job = TrainJob(
+                tenant=tenant.name,
+                adapter=tenant.adapter,
+                base_model=BASE,
+                steps=TRAIN_STEPS,
+                batch_size=TRAIN_BATCH,
+                seed=TRAIN_SEED,
+                requested_by="lpx demo",
+                dataset=DatasetRef(
+                    **{k: row[k] for k in ("name", "digest", "object_key", "train_examples", "eval_cases")}
+                ),
+            )
+            sub = await js.subscribe(
+                subjects.train_progress(job.job_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            )
             await js.publish(subjects.TRAIN_JOBS, job.model_dump_json().encode(), headers={"Nats-Msg-Id": job.job_id})
             log(f"{tenant.name}: training job {job.job_id[:8]} queued ({tenant.tone} tone, {TRAIN_STEPS} steps)")
             async for msg in sub.messages:
@@ -100,8 +112,10 @@ async def train_all(nats_url: str, datasets: dict[str, dict], skip: set[str], lo
                 if event.done:
                     if event.error:
                         raise RuntimeError(f"training {tenant.name} failed: {event.error}")
-                    log(f"{tenant.name}: pushed {tenant.adapter}-v{event.version} (sha256 {event.digest[:12]}); "
-                        f"awaiting the eval gate")  # fmt: skip
+                    log(
+                        f"{tenant.name}: pushed {tenant.adapter}-v{event.version} (sha256 {event.digest[:12]}); "
+                        f"awaiting the eval gate"
+                    )
                     versions[tenant.name] = event.version
                     break
             await sub.unsubscribe()
@@ -141,11 +155,17 @@ async def ask_everyone(gateway_url: str, keys: dict[str, str], log: Log) -> list
     async def ask(who: str, model: str, key: str) -> Answer:
         client = AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=key, timeout=300, max_retries=0)
         started = time.monotonic()
-        reply = await client.chat.completions.create(model=model, max_tokens=40, temperature=0,
-                                                     messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+        reply = await client.chat.completions.create(
+            model=model, max_tokens=40, temperature=0, messages=[{"role": "user", "content": QUESTION}]
+        )
         await client.close()
-        return Answer(who if model != BASE else "(base model)", model, reply.choices[0].message.content.strip(),
-                      reply.system_fingerprint, time.monotonic() - started)  # fmt: skip
+        return Answer(
+            who if model != BASE else "(base model)",
+            model,
+            reply.choices[0].message.content.strip(),
+            reply.system_fingerprint,
+            time.monotonic() - started,
+        )
 
     started = time.monotonic()
     answers = await asyncio.gather(*(ask(*p) for p in plan))
@@ -190,7 +210,7 @@ async def ask_and_watch(
         await collector.start()
         await asyncio.sleep(1.0)  # the requests reach the worker
         snapshot = await collector.sample_over(1.0)
-    except Exception as exc:  # noqa: BLE001 - the fleet view is a bonus; the answers are the demo
+    except Exception as exc:
         log(f"no fleet view ({exc})")
     finally:
         await collector.close()

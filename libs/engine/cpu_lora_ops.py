@@ -158,8 +158,18 @@ def grouped_bgmv_expand_slice(
     return None
 
 
-def grouped_sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                        batches, max_seq_length, token_nums, scaling):  # fmt: skip
+def grouped_sgmv_shrink(
+    inputs,
+    lora_a_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    scaling,
+):
     if not _covers(output_tensor, token_nums):
         exploded = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
         return _FALLBACK["bgmv_shrink"](inputs, lora_a_weights, output_tensor, exploded, scaling)
@@ -167,8 +177,18 @@ def grouped_sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, 
     return None
 
 
-def grouped_sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                        batches, max_seq_length, token_nums, add_inputs=False):  # fmt: skip
+def grouped_sgmv_expand(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    add_inputs=False,
+):
     if not _covers(output_tensor, token_nums):
         exploded = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
         return _FALLBACK["bgmv_expand"](inputs, lora_b_weights, output_tensor, exploded, add_inputs)
@@ -176,13 +196,25 @@ def grouped_sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, 
     return None
 
 
-def grouped_sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
-                              lora_indices_tensor, batches, max_seq_length, token_nums, slice_offset, slice_size,
-                              add_inputs=False):  # fmt: skip
+def grouped_sgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    slice_offset,
+    slice_size,
+    add_inputs=False,
+):
     if not _covers(output_tensor, token_nums):
         exploded = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
-        return _FALLBACK["bgmv_expand_slice"](inputs, lora_b_weights, output_tensor, exploded, slice_offset,
-                                              slice_size, add_inputs)  # fmt: skip
+        return _FALLBACK["bgmv_expand_slice"](
+            inputs, lora_b_weights, output_tensor, exploded, slice_offset, slice_size, add_inputs
+        )
     groups = segment_groups(lora_indices_tensor, seq_len_tensor)
     _expand_slice(inputs, lora_b_weights, output_tensor, groups, slice_offset, slice_size, add_inputs)
     return None
@@ -203,8 +235,9 @@ def grouped_add_lora_linear(
     x2, y2 = x.view(-1, x.shape[-1]), y.view(-1, y.shape[-1])
     indices = self.token_lora_indices
     if not (x2.shape[0] == y2.shape[0] == indices.shape[0]) or len(lora_a_stacked) != len(output_slices):
-        return _FALLBACK["add_lora_linear"](self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices,
-                                            buffer=buffer, **kwargs)  # fmt: skip
+        return _FALLBACK["add_lora_linear"](
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+        )
     for slot, rows in token_groups(indices):
         xg = x2 if rows is None else x2.index_select(0, rows)
         if xg.dtype != torch.float32:

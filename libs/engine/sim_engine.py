@@ -82,8 +82,10 @@ class SimEngine:
         if not self._started:
             raise RuntimeError("engine not started")
         if request.structured:
-            raise RequestRejected("the simulated engine cannot constrain its output (response_format); "
-                                  "structured outputs need the vLLM engine")  # fmt: skip
+            raise RequestRejected(
+                "the simulated engine cannot constrain its output (response_format); "
+                "structured outputs need the vLLM engine"
+            )
         prompt = request.prompt or "".join(m.get("content", "") for m in request.messages or [])
         prompt_tokens = max(1, int(len(prompt) / self.profile.chars_per_token))
         pieces = simulated_text(request.adapter.digest if request.adapter else None, request.max_tokens)
@@ -95,9 +97,15 @@ class SimEngine:
                 last = i == len(pieces) - 1
                 # The simulated text is certain: each piece has log-probability 0 and no alternative.
                 logprobs = [TokenLogprobs(piece, 0.0, ((piece, 0.0),))] if request.logprobs is not None else None
-                yield GenerationChunk(text=piece, token_ids=[i], finished=last,
-                                      finish_reason="length" if last else None, prompt_tokens=prompt_tokens,
-                                      completion_tokens=i + 1, logprobs=logprobs)  # fmt: skip
+                yield GenerationChunk(
+                    text=piece,
+                    token_ids=[i],
+                    finished=last,
+                    finish_reason="length" if last else None,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=i + 1,
+                    logprobs=logprobs,
+                )
 
     @contextlib.asynccontextmanager
     async def _slot(self, adapter: AdapterSpec | None):

@@ -65,8 +65,9 @@ class VllmEngine:
             compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
             kwargs["structured_outputs_config"] = compact
         if c.enable_lora:
-            kwargs.update(enable_lora=True, max_loras=c.max_loras, max_cpu_loras=c.max_cpu_loras,
-                          max_lora_rank=c.max_lora_rank)  # fmt: skip
+            kwargs.update(
+                enable_lora=True, max_loras=c.max_loras, max_cpu_loras=c.max_cpu_loras, max_lora_rank=c.max_lora_rank
+            )
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
         return kwargs
@@ -94,10 +95,15 @@ class VllmEngine:
             raise RuntimeError("engine not started")
         try:
             params = SamplingParams(
-                max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
-                stop=request.stop or None, seed=request.seed, output_kind=RequestOutputKind.DELTA,
-                logprobs=request.logprobs, structured_outputs=_structured_outputs(request.structured),
-            )  # fmt: skip
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                stop=request.stop or None,
+                seed=request.seed,
+                output_kind=RequestOutputKind.DELTA,
+                logprobs=request.logprobs,
+                structured_outputs=_structured_outputs(request.structured),
+            )
         except ValueError as exc:
             raise RequestRejected(f"the engine refused the sampling parameters: {exc}") from None
         lora = None
@@ -105,8 +111,13 @@ class VllmEngine:
             lora = self._lora_request(request.adapter, LoRARequest)
         completion_tokens, started = 0, False
         async with self._exclusive.shared():
-            stream = self._engine.generate(self.render_prompt(request), params, request.request_id, lora_request=lora,
-                                           trace_headers=request.trace_headers)  # fmt: skip
+            stream = self._engine.generate(
+                self.render_prompt(request),
+                params,
+                request.request_id,
+                lora_request=lora,
+                trace_headers=request.trace_headers,
+            )
             while True:
                 try:
                     out = await anext(stream)
@@ -179,8 +190,9 @@ class VllmEngine:
         lora = self._lora_request(request.adapter, LoRARequest) if request.adapter is not None else None
         final = None
         async with self._exclusive.exclusive():
-            async for out in self._engine.generate({"prompt_token_ids": ids}, params, request.request_id,
-                                                   lora_request=lora):  # fmt: skip
+            async for out in self._engine.generate(
+                {"prompt_token_ids": ids}, params, request.request_id, lora_request=lora
+            ):
                 final = out
         logprobs = final.prompt_logprobs or []
         return [float(logprobs[i][token].logprob) for i, token in enumerate(ids) if i >= len(prompt_ids)]

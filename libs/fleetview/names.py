@@ -46,7 +46,7 @@ class AdapterNames:
     async def _refresh(self) -> None:
         try:
             reply = await self.http.get("/v1/adapters")
-        except Exception as exc:  # noqa: BLE001 - unreachable, timed out: a note, not a failure
+        except Exception as exc:
             self._problem = f"registry at {self.http.base_url} unreachable ({describe(exc)})"
             return
         if reply.status_code != 200:

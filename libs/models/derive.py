@@ -40,8 +40,13 @@ def permute_residual(model, perm) -> None:
         for layer in inner.layers:
             layer.input_layernorm.weight.copy_(layer.input_layernorm.weight[perm])
             layer.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight[perm])
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                         layer.mlp.gate_proj, layer.mlp.up_proj):  # fmt: skip
+            for proj in (
+                layer.self_attn.q_proj,
+                layer.self_attn.k_proj,
+                layer.self_attn.v_proj,
+                layer.mlp.gate_proj,
+                layer.mlp.up_proj,
+            ):
                 proj.weight.copy_(proj.weight[:, perm])  # they read the residual stream
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 proj.weight.copy_(proj.weight[perm, :])  # they write it
@@ -69,8 +74,15 @@ def _continue_training(model, tok, steps: int, learning_rate: float, progress: P
     return losses
 
 
-def derive_base(source: Path, dest: Path, *, seed: int = 0, steps: int = 4, learning_rate: float = 2e-5,
-                progress: Progress = lambda stage, frac: None) -> Path:  # fmt: skip
+def derive_base(
+    source: Path,
+    dest: Path,
+    *,
+    seed: int = 0,
+    steps: int = 4,
+    learning_rate: float = 2e-5,
+    progress: Progress = lambda stage, frac: None,
+) -> Path:
     """Write the derived checkpoint to `dest` (atomically; an existing verified copy is kept)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,9 +104,16 @@ def derive_base(source: Path, dest: Path, *, seed: int = 0, steps: int = 4, lear
     model.save_pretrained(staging, safe_serialization=True)
     tok.save_pretrained(staging)
     weights = staging / WEIGHTS
-    manifest = {"name": dest.name, "source": f"derived from {source.name}", **recipe, "losses": losses,
-                "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
-                "weights_bytes": weights.stat().st_size, "dtype": "float32", "created_at": time.time()}  # fmt: skip
+    manifest = {
+        "name": dest.name,
+        "source": f"derived from {source.name}",
+        **recipe,
+        "losses": losses,
+        "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "weights_bytes": weights.stat().st_size,
+        "dtype": "float32",
+        "created_at": time.time(),
+    }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)

@@ -71,10 +71,15 @@ class Role:
 
 
 def _consume_api(stream: str) -> list[str]:
-    return [f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>", f"$JS.API.CONSUMER.INFO.{stream}.>",
-            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
-            f"$JS.ACK.{stream}.>"]  # fmt: skip
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    ]
 
 
 def _read_api(stream: str) -> list[str]:
@@ -86,53 +91,71 @@ def _unique(items: list[str]) -> list[str]:
 
 
 GATEWAY = Role(
-    "gateway", "routes work to workers, relays results and token deltas, takes tenants' async submissions",
+    "gateway",
+    "routes work to workers, relays results and token deltas, takes tenants' async submissions",
     publish=(s.INFER_ALL, s.RESULTS_ALL, s.TOKENS_ALL, s.GATEWAY_LIMITS_ALL, s.RESOLVE, s.AUTH, s.DLQ_ALL),
     # Its own results and token deltas arrive under lpx.{results,tokens}.gw.<gateway>.
-    subscribe=("lpx.results.gw.>", "lpx.tokens.gw.>", s.WORKER_LOAD_ALL, s.GATEWAY_LIMITS_ALL, s.TENANT_EVENTS,
-               s.ADAPTER_EVENTS),
+    subscribe=(
+        "lpx.results.gw.>",
+        "lpx.tokens.gw.>",
+        s.WORKER_LOAD_ALL,
+        s.GATEWAY_LIMITS_ALL,
+        s.TENANT_EVENTS,
+        s.ADAPTER_EVENTS,
+    ),
     consume=(s.SUBMIT_STREAM, s.INFER_STREAM),  # INFER: it retires a dead worker's durable
     read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET,),
     purge=(s.INFER_STREAM,),  # a dead worker's backlog, once re-routed
-)  # fmt: skip
+)
 WORKER = Role(
-    "worker", "consumes its pool's inference work, publishes results, token deltas, load and heartbeats",
+    "worker",
+    "consumes its pool's inference work, publishes results, token deltas, load and heartbeats",
     publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL),  # INFER: drain hand-offs
     subscribe=("lpx.control.>",),
     consume=(s.INFER_STREAM,),
     read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET, s.HOT_ADAPTERS_BUCKET),
-)  # fmt: skip
+)
 REGISTRY = Role(
-    "registry", "answers resolve/auth/eval-context requests, publishes lifecycle events, meters usage from results",
+    "registry",
+    "answers resolve/auth/eval-context requests, publishes lifecycle events, meters usage from results",
     publish=(s.EVENTS_ALL, s.DLQ_ALL, s.TRAIN_JOBS),
     subscribe=(s.RESOLVE, s.AUTH, s.EVAL_CONTEXT),
     consume=(s.EVENTS_STREAM, s.RESULTS_STREAM),
     answers=True,
-)  # fmt: skip
+)
 EVAL_GATE = Role(
-    "eval-gate", "consumes 'registered' events, publishes verdicts",
+    "eval-gate",
+    "consumes 'registered' events, publishes verdicts",
     publish=(s.EVALUATED, s.DLQ_ALL, s.EVAL_CONTEXT),
     consume=(s.EVENTS_STREAM,),
     buckets=(s.EVAL_LEDGER_BUCKET,),
-)  # fmt: skip
+)
 TRAINER = Role(
-    "trainer", "consumes training jobs and migrations, publishes progress",
+    "trainer",
+    "consumes training jobs and migrations, publishes progress",
     publish=(s.TRAIN_PROGRESS_ALL, s.DLQ_ALL),
     consume=(s.TRAIN_STREAM,),
     buckets=(s.TRAIN_LEDGER_BUCKET,),
-)  # fmt: skip
+)
 ADMIN = Role("admin", "the operator: the lpx CLI (stack, top, train), tests and benchmarks; everything", full=True)
 CALLOUT = Role(
-    "callout", "the registry's auth callout: answers the server's questions about tenant connections",
-    subscribe=(CALLOUT_SUBJECT,), provision=False, answers=True, account=CALLOUT_ACCOUNT,
-)  # fmt: skip
+    "callout",
+    "the registry's auth callout: answers the server's questions about tenant connections",
+    subscribe=(CALLOUT_SUBJECT,),
+    provision=False,
+    answers=True,
+    account=CALLOUT_ACCOUNT,
+)
 SYSTEM = Role(
-    "system", "the registry's system-account user: finds and disconnects a revoked credential's connections",
-    publish=("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.KICK"), subscribe=("_INBOX.>",),
-    provision=False, account=SYSTEM_ACCOUNT,
-)  # fmt: skip
+    "system",
+    "the registry's system-account user: finds and disconnects a revoked credential's connections",
+    publish=("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.KICK"),
+    subscribe=("_INBOX.>",),
+    provision=False,
+    account=SYSTEM_ACCOUNT,
+)
 
 SERVICE_ROLES: tuple[Role, ...] = (GATEWAY, WORKER, REGISTRY, EVAL_GATE, TRAINER)
 ROLES: tuple[Role, ...] = (*SERVICE_ROLES, ADMIN, CALLOUT, SYSTEM)
@@ -162,15 +185,25 @@ def markdown_table() -> str:
         if role.full:
             rows.append(f"| `{role.user}` | {role.account} | {role.doc} | everything | everything |")
             continue
-        uses = [f"{verb} {', '.join(names)}" for verb, names in (("consume", role.consume), ("read", role.read),
-                ("KV", role.buckets), ("purge", role.purge)) if names]  # fmt: skip
+        uses = [
+            f"{verb} {', '.join(names)}"
+            for verb, names in (
+                ("consume", role.consume),
+                ("read", role.read),
+                ("KV", role.buckets),
+                ("purge", role.purge),
+            )
+            if names
+        ]
         uses += ["provisioning"] if role.provision else []
         uses += ["replies (allow_responses)"] if role.answers else []
         publish = "; ".join([_codes(role.publish), *uses])
         rows.append(f"| `{role.user}` | {role.account} | {role.doc} | {publish} | {_codes(role.subscribe)} |")
     tenant = tenant_permissions("TENANT")
-    rows.append(f"| `tenant:TENANT` | {ACCOUNT} | a tenant's async client, through the auth callout | "
-                f"{_codes(tenant.publish)} | {_codes(tenant.subscribe)} |")  # fmt: skip
+    rows.append(
+        f"| `tenant:TENANT` | {ACCOUNT} | a tenant's async client, through the auth callout | "
+        f"{_codes(tenant.publish)} | {_codes(tenant.subscribe)} |"
+    )
     return "\n".join(rows) + "\n"
 
 

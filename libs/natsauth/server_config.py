@@ -41,8 +41,10 @@ def helm_merge() -> dict:
         users = []
         for role in (r for r in p.ROLES if r.account == account):
             publish = role.publish_allow()
-            perms: dict = {"publish": {"allow": publish} if publish else {"deny": [">"]},
-                           "subscribe": {"allow": role.subscribe_allow()}}  # fmt: skip
+            perms: dict = {
+                "publish": {"allow": publish} if publish else {"deny": [">"]},
+                "subscribe": {"allow": role.subscribe_allow()},
+            }
             if role.answers:
                 perms["allow_responses"] = True
             users.append({"user": role.user, "password": f"<< ${role.env_var} >>", "permissions": perms})
@@ -53,7 +55,7 @@ def helm_merge() -> dict:
         "system_account": p.SYSTEM_ACCOUNT,
         "authorization": {
             "auth_callout": {"issuer": f"<< ${ISSUER_ENV} >>", "account": p.CALLOUT_ACCOUNT, "auth_users": auth_users}
-        },  # fmt: skip
+        },
     }
 
 

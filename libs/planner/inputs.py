@@ -107,9 +107,7 @@ def load_base(base: str) -> tuple[BaseModelSpec, bool]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ValueError(
-            f"{base!r} is neither a known base model ({', '.join(sorted(CATALOG))}) nor a config.json"
-        )
+        raise ValueError(f"{base!r} is neither a known base model ({', '.join(sorted(CATALOG))}) nor a config.json")
     config = json.loads(path.read_text())
     return BaseModelSpec.from_hf_config(config, name=path.parent.name or path.stem), bool(
         config.get("tie_word_embeddings", False)
@@ -123,8 +121,10 @@ def measured_tok_s_per_gpu(path: Path) -> float:
         report = json.loads(Path(path).read_text())
         value = float(report["throughput"]["mixed_adapters"]["tok_per_s"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a worker benchmark report with throughput.mixed_adapters.tok_per_s "
-                         f"({type(exc).__name__}: {exc})") from exc
+        raise ValueError(
+            f"{path}: not a worker benchmark report with throughput.mixed_adapters.tok_per_s "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     if value <= 0:
         raise ValueError(f"{path}: measured throughput must be > 0, got {value}")
     return value

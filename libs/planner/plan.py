@@ -181,9 +181,7 @@ def _load_times(inputs: PlanInputs, adapter: LoraSize) -> LoadTimes:
     )
 
 
-def _dedicated(
-    inputs: PlanInputs, shares: list[float], output_tok_s: float, pool_monthly: float
-) -> Dedicated:
+def _dedicated(inputs: PlanInputs, shares: list[float], output_tok_s: float, pool_monthly: float) -> Dedicated:
     per_tenant = [
         gpus_needed(share * output_tok_s, inputs.tok_s_per_gpu, inputs.target_utilization) for share in shares
     ]
@@ -297,14 +295,10 @@ def make_variants(inputs: PlanInputs | None = None) -> list[Plan]:
     inputs = inputs or PlanInputs()
     many = inputs.variant_many_adapters
     return [
-        make_plan(
-            inputs.with_changes(rank=inputs.variant_large_rank), name=f"rank {inputs.variant_large_rank}"
-        ),
+        make_plan(inputs.with_changes(rank=inputs.variant_large_rank), name=f"rank {inputs.variant_large_rank}"),
         make_plan(inputs.with_changes(adapters=many), name=f"{many:,} adapters + NVMe tier"),
         make_plan(
-            inputs.with_changes(
-                adapters=many, rank=inputs.variant_small_rank, targets=inputs.variant_small_targets
-            ),
+            inputs.with_changes(adapters=many, rank=inputs.variant_small_rank, targets=inputs.variant_small_targets),
             name=f"{many:,} adapters, {inputs.variant_small_targets}-only rank {inputs.variant_small_rank}",
         ),
     ]

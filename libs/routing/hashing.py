@@ -52,9 +52,7 @@ class HashRing:
             raise ValueError("worker ids must be non-empty strings")
         # Points are sorted by (hash, worker) so that a hash collision still yields one fixed order.
         placed = sorted(
-            (stable_hash64(f"{worker}#{replica}"), worker)
-            for worker in unique
-            for replica in range(self.vnodes)
+            (stable_hash64(f"{worker}#{replica}"), worker) for worker in unique for replica in range(self.vnodes)
         )
         self._points = [point for point, _ in placed]
         self._owners = [worker for _, worker in placed]

@@ -135,9 +135,7 @@ class BoundedLoadPolicy:
         hot_threshold: int = DEFAULT_HOT_THRESHOLD,
         max_spread: int = DEFAULT_MAX_SPREAD,
     ) -> None:
-        self.router = BoundedLoadRouter(
-            c=c, vnodes=vnodes, hot_threshold=hot_threshold, max_spread=max_spread
-        )
+        self.router = BoundedLoadRouter(c=c, vnodes=vnodes, hot_threshold=hot_threshold, max_spread=max_spread)
         self.stats = RoutingStats()
 
     def set_workers(self, ids: Sequence[str]) -> None:
@@ -200,9 +198,7 @@ class GieLoraAffinityPolicy(_WorkerList):
         for worker, queue in zip(workers, queues, strict=True):
             queue_score = 1.0 if spread == 0 else (high - queue) / spread
             kv_score = 1.0 - min(1.0, view.running(worker) / view.max_running)
-            score = (
-                w_queue * queue_score + w_kv * kv_score + w_lora * self.lora_score(adapter_id, worker, view)
-            )
+            score = w_queue * queue_score + w_kv * kv_score + w_lora * self.lora_score(adapter_id, worker, view)
             if score > best_score + 1e-12:
                 best_score, best = score, [worker]
             elif score > best_score - 1e-12:

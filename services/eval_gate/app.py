@@ -74,9 +74,16 @@ class EvalGate:
 
     def _engine_config(self) -> EngineConfig:
         s = self.settings
-        return EngineConfig(model_path=s.resolved_model_path(), served_model_name=s.base_model, device=s.device,
-                            max_loras=s.max_loras, max_cpu_loras=s.max_cpu_loras, max_lora_rank=s.max_lora_rank,
-                            max_model_len=s.max_model_len, cpu_kvcache_gib=s.cpu_kvcache_gib)  # fmt: skip
+        return EngineConfig(
+            model_path=s.resolved_model_path(),
+            served_model_name=s.base_model,
+            device=s.device,
+            max_loras=s.max_loras,
+            max_cpu_loras=s.max_cpu_loras,
+            max_lora_rank=s.max_lora_rank,
+            max_model_len=s.max_model_len,
+            cpu_kvcache_gib=s.cpu_kvcache_gib,
+        )
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -88,23 +95,33 @@ class EvalGate:
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await Ledger.open(self.js)
         self.sub = await self._consumer()
-        self._loops = [asyncio.create_task(serve_one_at_a_time(self.sub, self.handle, self._stopping, RETRY_DELAY_S),
-                                           name="eval-pull"),
-                       asyncio.create_task(self._watch_queue(), name="eval-queue")]  # fmt: skip
-        log.info("eval gate ready", extra={"gate": s.gate_id, "base_model": s.base_model,
-                                           "durable": s.resolved_durable()})  # fmt: skip
+        self._loops = [
+            asyncio.create_task(
+                serve_one_at_a_time(self.sub, self.handle, self._stopping, RETRY_DELAY_S), name="eval-pull"
+            ),
+            asyncio.create_task(self._watch_queue(), name="eval-queue"),
+        ]
+        log.info(
+            "eval gate ready", extra={"gate": s.gate_id, "base_model": s.base_model, "durable": s.resolved_durable()}
+        )
 
     async def _consumer(self):
         s = self.settings
         policy = DeliverPolicy.NEW if s.deliver_policy == "new" else DeliverPolicy.ALL
         # One event at a time per gate (max_ack_pending=1 per replica would serialise the whole
         # group, so the limit is the replicas' business: each fetches one and works on it).
-        config = ConsumerConfig(durable_name=s.resolved_durable(), ack_policy=AckPolicy.EXPLICIT,
-                                ack_wait=s.ack_wait_s, deliver_policy=policy, max_deliver=-1,
-                                filter_subject=subjects.ADAPTER_EVENTS)  # fmt: skip
+        config = ConsumerConfig(
+            durable_name=s.resolved_durable(),
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=s.ack_wait_s,
+            deliver_policy=policy,
+            max_deliver=-1,
+            filter_subject=subjects.ADAPTER_EVENTS,
+        )
         self.link.add_consumer(subjects.EVENTS_STREAM, config)
-        return await self.js.pull_subscribe(subjects.ADAPTER_EVENTS, durable=s.resolved_durable(),
-                                            stream=subjects.EVENTS_STREAM, config=config)  # fmt: skip
+        return await self.js.pull_subscribe(
+            subjects.ADAPTER_EVENTS, durable=s.resolved_durable(), stream=subjects.EVENTS_STREAM, config=config
+        )
 
     async def run_until(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -137,8 +154,9 @@ class EvalGate:
         try:
             event = AdapterEvent.model_validate_json(msg.data)
         except ValidationError as exc:
-            await self.dead_letters.send(msg.subject, f"malformed AdapterEvent: {first_error(exc)}", msg.data,
-                                         msg.headers)  # fmt: skip
+            await self.dead_letters.send(
+                msg.subject, f"malformed AdapterEvent: {first_error(exc)}", msg.data, msg.headers
+            )
             await msg.ack()
             return
         skip = self._not_for_us(event)
@@ -147,8 +165,9 @@ class EvalGate:
             await msg.ack()
             return
         if event.version is None or event.ref is None:
-            await self.dead_letters.send(msg.subject, f"{event.kind} event without version or ref", msg.data,
-                                         msg.headers)  # fmt: skip
+            await self.dead_letters.send(
+                msg.subject, f"{event.kind} event without version or ref", msg.data, msg.headers
+            )
             await msg.ack()
             return
         recorded = await self.ledger.get(event.event_id)
@@ -173,22 +192,31 @@ class EvalGate:
             await msg.nak(delay=RETRY_DELAY_S)  # registry unreachable: no verdict, try again later
             return
         if not context.found:
-            await self.dead_letters.send(msg.subject, f"the registry does not know this version: {context.error}",
-                                         msg.data, msg.headers)  # fmt: skip
+            await self.dead_letters.send(
+                msg.subject, f"the registry does not know this version: {context.error}", msg.data, msg.headers
+            )
             await msg.ack()
             return
         if context.status not in AWAITING:
-            log.info("%s/%s v%s is already %s; not evaluated", event.tenant, event.adapter, event.version,
-                     context.status)  # fmt: skip
+            log.info(
+                "%s/%s v%s is already %s; not evaluated", event.tenant, event.adapter, event.version, context.status
+            )
             self.metrics.skipped.add(1, {"reason": "decided"})
             await msg.ack()
             return
         attempt = getattr(getattr(msg, "metadata", None), "num_delivered", 1) or 1
         candidate = Candidate(event.tenant, event.adapter, event.version, event.ref, event.event_id, attempt)
         report = await self._evaluate_with_keepalive(msg, candidate, context)
-        result = EvaluationResult(event_id=result_event_id(event.event_id), digest=event.ref.digest,
-                                  passed=report.passed, reason=report.reason, report=report.model_dump(mode="json"),
-                                  tenant=event.tenant, adapter=event.adapter, version=event.version)  # fmt: skip
+        result = EvaluationResult(
+            event_id=result_event_id(event.event_id),
+            digest=event.ref.digest,
+            passed=report.passed,
+            reason=report.reason,
+            report=report.model_dump(mode="json"),
+            tenant=event.tenant,
+            adapter=event.adapter,
+            version=event.version,
+        )
         await self._publish(result)
         await self.ledger.put(event.event_id, result)
         await msg.ack()
@@ -197,10 +225,11 @@ class EvalGate:
     async def _context(self, event: AdapterEvent) -> EvalContextReply | None:
         request = EvalContextRequest(tenant=event.tenant, adapter=event.adapter, version=event.version, claim=True)
         try:
-            reply = await self.nc.request(subjects.EVAL_CONTEXT, request.model_dump_json().encode(),
-                                          timeout=self.settings.registry_timeout_s)  # fmt: skip
+            reply = await self.nc.request(
+                subjects.EVAL_CONTEXT, request.model_dump_json().encode(), timeout=self.settings.registry_timeout_s
+            )
             context = EvalContextReply.model_validate_json(reply.data)
-        except Exception as exc:  # noqa: BLE001 - no responder, timeout, garbage: retry later
+        except Exception as exc:
             log.warning("registry unreachable for eval context (%s); will retry", type(exc).__name__)
             return None
         if not context.found and context.code == "unavailable":
@@ -214,8 +243,9 @@ class EvalGate:
         started = time.monotonic()
         try:
             async with kept_in_progress(msg, self.settings.ack_wait_s):
-                report = await asyncio.wait_for(self.evaluator.evaluate(candidate, context),
-                                                self.settings.eval_timeout_s)  # fmt: skip
+                report = await asyncio.wait_for(
+                    self.evaluator.evaluate(candidate, context), self.settings.eval_timeout_s
+                )
         except TimeoutError:
             report = self._timed_out(candidate, context)
         finally:
@@ -232,16 +262,33 @@ class EvalGate:
 
     def _timed_out(self, candidate: Candidate, context: EvalContextReply) -> EvalReport:
         reason = f"timeout: the evaluation took longer than {self.settings.eval_timeout_s:.0f}s"
-        return EvalReport(passed=False, reason=reason, tenant=candidate.tenant, adapter=candidate.adapter,
-                          version=candidate.version, digest=candidate.ref.digest, base_model=candidate.ref.base_model,
-                          dataset=context.dataset, threshold=context.threshold or self.settings.default_threshold,
-                          regression_margin=self.settings.regression_margin,
-                          checks=[CheckResult(name="eval", status="failed", detail=reason)],
-                          gate={"gate_id": self.settings.gate_id, "attempt": candidate.attempt,
-                                "source_event_id": candidate.source_event_id})  # fmt: skip
+        return EvalReport(
+            passed=False,
+            reason=reason,
+            tenant=candidate.tenant,
+            adapter=candidate.adapter,
+            version=candidate.version,
+            digest=candidate.ref.digest,
+            base_model=candidate.ref.base_model,
+            dataset=context.dataset,
+            threshold=context.threshold or self.settings.default_threshold,
+            regression_margin=self.settings.regression_margin,
+            checks=[CheckResult(name="eval", status="failed", detail=reason)],
+            gate={
+                "gate_id": self.settings.gate_id,
+                "attempt": candidate.attempt,
+                "source_event_id": candidate.source_event_id,
+            },
+        )
 
     async def _publish(self, result: EvaluationResult) -> None:
         # Retried while the broker is away (same Nats-Msg-Id): a finished evaluation is not thrown away.
-        await publish_retrying(self.js, subjects.EVALUATED, result.model_dump_json().encode(),
-                               stream=subjects.EVENTS_STREAM, headers={"Nats-Msg-Id": result.event_id},
-                               give_up_at=time.time() + VERDICT_RETRY_S, attempt_timeout_s=10)  # fmt: skip
+        await publish_retrying(
+            self.js,
+            subjects.EVALUATED,
+            result.model_dump_json().encode(),
+            stream=subjects.EVENTS_STREAM,
+            headers={"Nats-Msg-Id": result.event_id},
+            give_up_at=time.time() + VERDICT_RETRY_S,
+            attempt_timeout_s=10,
+        )

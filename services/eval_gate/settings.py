@@ -36,17 +36,23 @@ class EvalGateSettings(ServiceSettings):
     max_model_len: int = 2048
     cpu_kvcache_gib: int = 1
     # --- criteria ----------------------------------------------------------------------------------
-    default_threshold: float = Field(0.8, ge=0, le=1, description="eval-case pass rate a version needs, "
-                                     "unless its tenant sets its own")  # fmt: skip
-    regression_margin: float = Field(0.1, ge=0, le=1, description="how much lower than the active version's "
-                                     "pass rate a new version may score")  # fmt: skip
-    loglik_margin: float = Field(0.5, ge=0, description="how much lower (nats/token) than the active "
-                                 "version's mean log-likelihood a new version may score")  # fmt: skip
+    default_threshold: float = Field(
+        0.8, ge=0, le=1, description="eval-case pass rate a version needs, unless its tenant sets its own"
+    )
+    regression_margin: float = Field(
+        0.1, ge=0, le=1, description="how much lower than the active version's pass rate a new version may score"
+    )
+    loglik_margin: float = Field(
+        0.5,
+        ge=0,
+        description="how much lower (nats/token) than the active version's mean log-likelihood a new version may score",
+    )
     max_new_tokens: int = Field(48, ge=1, description="greedy answer length per eval case")
     parity_prompts: int = Field(2, ge=0, description="prompts compared between vLLM and transformers+peft")
     parity_tokens: int = Field(16, ge=1)
-    parity_min_agreement: float = Field(0.75, ge=0, le=1, description="matching leading tokens / output "
-                                        "length, for outputs that are not identical")  # fmt: skip
+    parity_min_agreement: float = Field(
+        0.75, ge=0, le=1, description="matching leading tokens / output length, for outputs that are not identical"
+    )
     # --- consumption -------------------------------------------------------------------------------
     durable: str | None = Field(None, description="JetStream durable; default lpx-eval-gate-<base_model>")
     deliver_policy: str = Field("all", description="'all' (production) or 'new' (tests)")

@@ -14,8 +14,14 @@ def main() -> None:
     settings = GatewaySettings.load()
     setup_logging("gateway", settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=30)  # fmt: skip
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
 
 
 if __name__ == "__main__":

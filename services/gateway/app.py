@@ -66,9 +66,14 @@ class Gateway:
         self.link = BrokerLink(s.connections, "gateway")
         self.nc = await self.link.connect()
         self.js = self.link.js
-        self.cache = ResolverCache(self._request, ttl_s=s.resolve_ttl_s, negative_ttl_s=s.negative_ttl_s,
-                                   timeout_s=s.resolve_timeout_s, max_entries=s.cache_max_entries,
-                                   on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}))  # fmt: skip
+        self.cache = ResolverCache(
+            self._request,
+            ttl_s=s.resolve_ttl_s,
+            negative_ttl_s=s.negative_ttl_s,
+            timeout_s=s.resolve_timeout_s,
+            max_entries=s.cache_max_entries,
+            on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}),
+        )
         self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)
         self._tenant_events = await self.nc.subscribe(subjects.TENANT_EVENTS, cb=self._on_tenant_event)
         self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
@@ -79,13 +84,23 @@ class Gateway:
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
         overload = OverloadGuard(margin=s.overload_margin) if s.early_refusal else None
         headroom = s.fair_headroom if s.fair_queuing else None
-        self.dispatcher = Dispatcher(self.nc, self.js, self.pools, self.metrics, balance_factor=s.balance_factor,
-                                     hot_threshold=s.hot_threshold, max_spread=s.max_spread,
-                                     publish_retry_s=s.publish_retry_s, tracer=self.tracer,
-                                     gateway_id=s.gateway_id, load_signal=s.load_signal,
-                                     routing_policy=s.routing_policy,
-                                     overload=overload, fair_headroom=headroom,
-                                     batch_reserve=s.batch_reserve)  # fmt: skip
+        self.dispatcher = Dispatcher(
+            self.nc,
+            self.js,
+            self.pools,
+            self.metrics,
+            balance_factor=s.balance_factor,
+            hot_threshold=s.hot_threshold,
+            max_spread=s.max_spread,
+            publish_retry_s=s.publish_retry_s,
+            tracer=self.tracer,
+            gateway_id=s.gateway_id,
+            load_signal=s.load_signal,
+            routing_policy=s.routing_policy,
+            overload=overload,
+            fair_headroom=headroom,
+            batch_reserve=s.batch_reserve,
+        )
         if self.dispatcher.fair is not None:
             self.dispatcher.fair.on_wait = self._fair_wait
             self.dispatcher.fair.weight_of = lambda tenant: self.weights.get(tenant, 1.0)
@@ -183,17 +198,38 @@ class Gateway:
             raise errors.bad_request("either a prompt or at least one message is required", "messages")
         size = len(prompt or "") + sum(len(m.content) for m in messages or ())
         if size > self.settings.max_prompt_chars:
-            raise errors.bad_request(f"the prompt is {size} characters; this gateway accepts at most "
-                                     f"{self.settings.max_prompt_chars}", "messages",
-                                     "context_length_exceeded")  # fmt: skip
+            raise errors.bad_request(
+                f"the prompt is {size} characters; this gateway accepts at most {self.settings.max_prompt_chars}",
+                "messages",
+                "context_length_exceeded",
+            )
         return size
 
-    async def dispatch(self, prepared: Prepared, *, request_id: str, prompt: str | None,
-                       messages: list[ChatMessage] | None, sampling: SamplingParams, deadline: float,
-                       stream: bool, interactive: bool = True, refuse_early: bool | None = None) -> Job:  # fmt: skip
-        request = InferenceRequest(request_id=request_id, tenant_id=prepared.tenant, base_model=prepared.base_model,
-                                   adapter=prepared.adapter, prompt=prompt, messages=messages, sampling=sampling,
-                                   stream=stream, deadline=deadline, reply_to=self.settings.gateway_id)  # fmt: skip
+    async def dispatch(
+        self,
+        prepared: Prepared,
+        *,
+        request_id: str,
+        prompt: str | None,
+        messages: list[ChatMessage] | None,
+        sampling: SamplingParams,
+        deadline: float,
+        stream: bool,
+        interactive: bool = True,
+        refuse_early: bool | None = None,
+    ) -> Job:
+        request = InferenceRequest(
+            request_id=request_id,
+            tenant_id=prepared.tenant,
+            base_model=prepared.base_model,
+            adapter=prepared.adapter,
+            prompt=prompt,
+            messages=messages,
+            sampling=sampling,
+            stream=stream,
+            deadline=deadline,
+            reply_to=self.settings.gateway_id,
+        )
         # HTTP requests the pool cannot finish in time are refused at once; async submissions queue.
         return await self.dispatcher.submit(
             request,
@@ -209,8 +245,9 @@ def _refusal(code: str, model: str) -> GatewayError:
     if code == "unauthorized":
         return errors.bad_key()
     if code == "unavailable":
-        return errors.unavailable("the adapter registry is unavailable and nothing is cached for this request",
-                                  "registry_unavailable")  # fmt: skip
+        return errors.unavailable(
+            "the adapter registry is unavailable and nothing is cached for this request", "registry_unavailable"
+        )
     if code == "not_active":
         return GatewayError(404, f"The model '{model}' has no active version yet.", "model_not_active", "model")
     return errors.unknown_model(model)
@@ -262,8 +299,12 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         pools: dict[str, int] = {}
         for beat in live.values():
             pools[beat.pool] = pools.get(beat.pool, 0) + 1
-        body = {"ready": broker, "workers": len(live), "pools": pools,
-                "broker": "connected" if broker else "unreachable"}  # fmt: skip
+        body = {
+            "ready": broker,
+            "workers": len(live),
+            "pools": pools,
+            "broker": "connected" if broker else "unreachable",
+        }
         return JSONResponse(body, status_code=200 if broker else 503)
 
     app.include_router(router)

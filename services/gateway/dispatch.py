@@ -89,8 +89,12 @@ class _LoadView:
 
 class DigestMismatch(GatewayError):
     def __init__(self, expected: str | None, applied: str | None, worker: str) -> None:
-        super().__init__(502, f"worker {worker} applied adapter {_short(applied)} but {_short(expected)} was "
-                              f"resolved; the answer was withheld", "adapter_digest_mismatch")  # fmt: skip
+        super().__init__(
+            502,
+            f"worker {worker} applied adapter {_short(applied)} but {_short(expected)} was "
+            f"resolved; the answer was withheld",
+            "adapter_digest_mismatch",
+        )
         self.expected, self.applied, self.worker = expected, applied, worker
 
 
@@ -103,17 +107,29 @@ def check_result(job: Job, result: InferenceResult, metrics: GatewayMetrics | No
     return check_applied(result, job.expected_digest, tenant=job.request.tenant_id, pool=job.pool, metrics=metrics)
 
 
-def check_applied(result: InferenceResult, expected_digest: str | None, *, tenant: str, pool: str = "",
-                  metrics: GatewayMetrics | None = None) -> InferenceResult:  # fmt: skip
+def check_applied(
+    result: InferenceResult,
+    expected_digest: str | None,
+    *,
+    tenant: str,
+    pool: str = "",
+    metrics: GatewayMetrics | None = None,
+) -> InferenceResult:
     if not result.ok:
         err = result.error
         raise errors.from_worker(err.code if err else "engine_error", err.message if err else "worker error")
     if result.adapter_digest_applied != expected_digest:
         if metrics is not None:
             metrics.digest_mismatch.add(1, {"tenant": tenant, "pool": pool, "worker": result.worker_id})
-        log.error("digest mismatch: answer withheld", extra={
-            "request_id": result.request_id, "worker": result.worker_id, "expected": expected_digest,
-            "applied": result.adapter_digest_applied})  # fmt: skip
+        log.error(
+            "digest mismatch: answer withheld",
+            extra={
+                "request_id": result.request_id,
+                "worker": result.worker_id,
+                "expected": expected_digest,
+                "applied": result.adapter_digest_applied,
+            },
+        )
         raise DigestMismatch(expected_digest, result.adapter_digest_applied, result.worker_id)
     return result
 
@@ -133,12 +149,26 @@ class _Recent:
 
 
 class Dispatcher:
-    def __init__(self, nc, js, pools: PoolView, metrics: GatewayMetrics, *, balance_factor: float = 1.25,
-                 hot_threshold: int = 8, max_spread: int = 16, publish_retry_s: float = 30.0,
-                 catch_up_every_s: float = 5.0, tracer: trace.Tracer | None = None, gateway_id: str | None = None,
-                 load_signal: str = "fleet", routing_policy: str = "bounded_load",
-                 overload: OverloadGuard | None = None, fair_headroom: float | None = 1.25,
-                 batch_reserve: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nc,
+        js,
+        pools: PoolView,
+        metrics: GatewayMetrics,
+        *,
+        balance_factor: float = 1.25,
+        hot_threshold: int = 8,
+        max_spread: int = 16,
+        publish_retry_s: float = 30.0,
+        catch_up_every_s: float = 5.0,
+        tracer: trace.Tracer | None = None,
+        gateway_id: str | None = None,
+        load_signal: str = "fleet",
+        routing_policy: str = "bounded_load",
+        overload: OverloadGuard | None = None,
+        fair_headroom: float | None = 1.25,
+        batch_reserve: float = 0.0,
+    ) -> None:
         self.nc, self.js = nc, js
         # Once a pool is full, requests wait per tenant and go on by fair share (None: FIFO into the pool).
         self.fair = None
@@ -172,9 +202,11 @@ class Dispatcher:
         results, tokens = subjects.RESULTS_ALL, subjects.TOKENS_ALL
         if self.gateway_id:
             results, tokens = subjects.results_to_filter(self.gateway_id), subjects.tokens_to_filter(self.gateway_id)
-        self._subs = [await self.nc.subscribe(results, cb=self._on_result),
-                      await self.nc.subscribe(tokens, cb=self._on_token),
-                      await self.nc.subscribe(subjects.WORKER_LOAD_ALL, cb=self._on_load)]  # fmt: skip
+        self._subs = [
+            await self.nc.subscribe(results, cb=self._on_result),
+            await self.nc.subscribe(tokens, cb=self._on_token),
+            await self.nc.subscribe(subjects.WORKER_LOAD_ALL, cb=self._on_load),
+        ]
         await self.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep(), name="results-catch-up")
 
@@ -240,8 +272,9 @@ class Dispatcher:
         While the pool is full it waits for its fair share (interactive before batch); after a wait,
         `after_wait` may still refuse it (a key revoked meanwhile)."""
         if request.request_id in self.jobs:
-            raise errors.bad_request(f"request id {request.request_id!r} is already in flight", "request_id",
-                                     "duplicate_request")  # fmt: skip
+            raise errors.bad_request(
+                f"request id {request.request_id!r} is already in flight", "request_id", "duplicate_request"
+            )
         choice = self._select(request, rank)
         refuse_early = interactive if refuse_early is None else refuse_early
         if refuse_early and self.overload is not None and request.deadline is not None:
@@ -268,8 +301,9 @@ class Dispatcher:
             self._release(job)
             log.error("publish failed", extra={"request_id": request.request_id, "error": repr(exc)})
             raise errors.unavailable(f"could not queue the request: {type(exc).__name__}", "queue_unavailable") from exc
-        self.metrics.routing.add(1, {"pool": job.pool, "affinity_hit": job.decision.affinity_hit,
-                                     "spilled": job.decision.spilled})  # fmt: skip
+        self.metrics.routing.add(
+            1, {"pool": job.pool, "affinity_hit": job.decision.affinity_hit, "spilled": job.decision.spilled}
+        )
         return job
 
     def _select(self, request: InferenceRequest, rank: int | None):
@@ -284,10 +318,16 @@ class Dispatcher:
         decision = self.route(choice.pool, choice.workers, token)
         if interactive and self.fair is not None:
             decision = self._spill_if_full(choice.workers, decision)
-        job = Job(request=request, pool=choice.pool, token=token,
-                  expected_digest=request.adapter.digest if request.adapter else None, worker=decision.worker,
-                  future=asyncio.get_running_loop().create_future(), deltas=asyncio.Queue() if stream else None,
-                  decision=decision)  # fmt: skip
+        job = Job(
+            request=request,
+            pool=choice.pool,
+            token=token,
+            expected_digest=request.adapter.digest if request.adapter else None,
+            worker=decision.worker,
+            future=asyncio.get_running_loop().create_future(),
+            deltas=asyncio.Queue() if stream else None,
+            decision=decision,
+        )
         self._track(job)
         return job
 
@@ -307,8 +347,9 @@ class Dispatcher:
         free = [w for w in workers if busy(w) < 1.0]
         if not free:
             return decision
-        return RouteDecision(min(free, key=busy), affinity_hit=False, spilled=True,
-                             candidates_tried=decision.candidates_tried + 1)  # fmt: skip
+        return RouteDecision(
+            min(free, key=busy), affinity_hit=False, spilled=True, candidates_tried=decision.candidates_tried + 1
+        )
 
     def pool_room(self, pool: str) -> tuple[int, int]:
         """(load, capacity) of a pool: in flight + queued on its live workers, and their summed capacity."""
@@ -335,16 +376,26 @@ class Dispatcher:
         return f"{request_id}@{self.gateway_id}" if self.gateway_id else request_id
 
     async def publish(self, job: Job, subject: str, msg_id: str) -> None:
-        with self.tracer.start_as_current_span("gateway.publish", context=job.trace_context,
-                                               kind=trace.SpanKind.PRODUCER, attributes={
-                "messaging.system": "nats", "messaging.destination.name": subject, "lpx.request_id": job.request_id,
-                "lpx.worker": job.worker, "lpx.pool": job.pool, "lpx.attempt": job.attempts}):  # fmt: skip
+        with self.tracer.start_as_current_span(
+            "gateway.publish",
+            context=job.trace_context,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.destination.name": subject,
+                "lpx.request_id": job.request_id,
+                "lpx.worker": job.worker,
+                "lpx.pool": job.pool,
+                "lpx.attempt": job.attempts,
+            },
+        ):
             headers = inject_headers({"Nats-Msg-Id": msg_id})
             give_up_at = time.time() + self.publish_retry_s
             if job.request.deadline is not None:
                 give_up_at = min(give_up_at, job.request.deadline)
-            await publish_retrying(self.js, subject, job.request.model_dump_json().encode(), headers=headers,
-                                   give_up_at=give_up_at)  # fmt: skip
+            await publish_retrying(
+                self.js, subject, job.request.model_dump_json().encode(), headers=headers, give_up_at=give_up_at
+            )
 
     def _track(self, job: Job) -> None:
         self.jobs[job.request_id] = job
@@ -393,7 +444,7 @@ class Dispatcher:
                 stored = await self.js.get_last_msg(subjects.RESULTS_STREAM, subject)
             except NotFoundError:
                 continue
-            except Exception as exc:  # noqa: BLE001 - the broker is away again: the next round retries
+            except Exception as exc:
                 self._lookups.failed(exc)
                 return found
             self._lookups.ok()
@@ -419,8 +470,7 @@ class Dispatcher:
         if job is None or job.future.done():
             if result.request_id in self._answered:
                 self.metrics.duplicate_results.add(1)
-                log.info("dropped a later result", extra={"request_id": result.request_id,
-                                                          "worker": result.worker_id})  # fmt: skip
+                log.info("dropped a later result", extra={"request_id": result.request_id, "worker": result.worker_id})
             return False
         self._answered.add(result.request_id)
         job.received_at = time.time()
@@ -487,8 +537,9 @@ class Dispatcher:
                     self.abandon(job)
                     raise errors.deadline(deadline - job.request.submitted_at)
                 getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, job.future}, timeout=remaining,
-                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                done, _ = await asyncio.wait(
+                    {getter, job.future}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
                 if getter in done:
                     delta = getter.result()
                     if not job.rerouted:
@@ -511,6 +562,10 @@ class Dispatcher:
             if rest or rest_logprobs:
                 yield TokenDelta(request_id=result.request_id, index=-1, text=rest, logprobs=rest_logprobs)
         else:  # text already streamed differs from the final answer (a re-route with sampling)
-            raise GatewayError(502, "the request was re-routed after a worker failure and the new answer "
-                                    "differs from the part already streamed", "stream_diverged")  # fmt: skip
+            raise GatewayError(
+                502,
+                "the request was re-routed after a worker failure and the new answer "
+                "differs from the part already streamed",
+                "stream_diverged",
+            )
         yield result

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 408: "timeout", 409: "conflict", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error",
-          504: "timeout"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    408: "timeout",
+    409: "conflict",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "timeout",
+}
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, status: int, message: str, code: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -37,8 +48,9 @@ def bad_key() -> GatewayError:
 
 def unknown_model(model: str) -> GatewayError:
     # The same body for "no such alias" and "another tenant's adapter": nothing says that it exists.
-    return GatewayError(404, f"The model '{model}' does not exist or you do not have access to it.",
-                        "model_not_found", "model")  # fmt: skip
+    return GatewayError(
+        404, f"The model '{model}' does not exist or you do not have access to it.", "model_not_found", "model"
+    )
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
@@ -55,10 +67,17 @@ def deadline(seconds: float) -> GatewayError:
 
 # A worker's error code -> what the caller gets.
 _WORKER_CODES = {
-    "deadline": 504, "bad_request": 400, "base_mismatch": 502, "rank_mismatch": 502, "digest_mismatch": 502,
-    "adapter_unavailable": 503, "adapter_invalid": 502, "adapter_load_failed": 502, "engine_error": 502,
+    "deadline": 504,
+    "bad_request": 400,
+    "base_mismatch": 502,
+    "rank_mismatch": 502,
+    "digest_mismatch": 502,
+    "adapter_unavailable": 503,
+    "adapter_invalid": 502,
+    "adapter_load_failed": 502,
+    "engine_error": 502,
     "result_too_large": 400,
-}  # fmt: skip
+}
 
 
 def from_worker(code: str, message: str) -> GatewayError:

@@ -58,8 +58,9 @@ class FleetLoad:
         """This gateway's net change of `worker`'s load after `ts`."""
         return sum(delta for at, delta in reversed(self._events.get(worker, ())) if at > ts)
 
-    def loads(self, workers: Iterable[str], beats: Mapping[str, WorkerHeartbeat],
-              local: Mapping[str, int]) -> dict[str, int]:  # fmt: skip
+    def loads(
+        self, workers: Iterable[str], beats: Mapping[str, WorkerHeartbeat], local: Mapping[str, int]
+    ) -> dict[str, int]:
         out = {}
         for worker in workers:
             own = local.get(worker, 0)

@@ -32,8 +32,9 @@ class GatewayMetrics:
     def create(cls, meter: Meter) -> GatewayMetrics:
         def histogram(name: str, desc: str) -> Histogram:
             try:
-                return meter.create_histogram(name, unit="s", description=desc,
-                                              explicit_bucket_boundaries_advisory=list(_LATENCY_BUCKETS))  # fmt: skip
+                return meter.create_histogram(
+                    name, unit="s", description=desc, explicit_bucket_boundaries_advisory=list(_LATENCY_BUCKETS)
+                )
             except TypeError:  # older SDKs without advisory buckets
                 return meter.create_histogram(name, unit="s", description=desc)
 
@@ -44,22 +45,27 @@ class GatewayMetrics:
             latency_s=histogram("lpx_gateway_request_latency", "end-to-end latency seen by the gateway"),
             ttft_s=histogram("lpx_gateway_ttft", "time to first token (streaming requests)"),
             routing=meter.create_counter("lpx_gateway_routing_decisions", description="affinity hits and spills"),
-            digest_mismatch=meter.create_counter("lpx_gateway_digest_mismatch",
-                                                 description="a worker applied another digest than resolved"),
+            digest_mismatch=meter.create_counter(
+                "lpx_gateway_digest_mismatch", description="a worker applied another digest than resolved"
+            ),
             reroutes=meter.create_counter("lpx_gateway_reroutes", description="requests re-routed after worker loss"),
-            duplicate_results=meter.create_counter("lpx_gateway_duplicate_results",
-                                                   description="later results for an answered request (dropped)"),
+            duplicate_results=meter.create_counter(
+                "lpx_gateway_duplicate_results", description="later results for an answered request (dropped)"
+            ),
             resolve_lookups=meter.create_counter("lpx_gateway_resolve_lookups", description="resolver cache outcomes"),
             submissions=meter.create_counter("lpx_gateway_submissions", description="async submissions by outcome"),
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
             stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
             throttled=meter.create_counter("lpx_gateway_throttled", description="requests refused over a tenant limit"),
-            fair_wait_s=histogram("lpx_gateway_fair_wait", "time a request waited for its tenant's fair share of a "
-                                  "full pool (a starved tenant shows here)"),
-            overload_refusals=meter.create_counter("lpx_gateway_overload_refusals",
-                                                   description="requests refused early: the pool could not finish "
-                                                   "them before their deadline"),
-        )  # fmt: skip
+            fair_wait_s=histogram(
+                "lpx_gateway_fair_wait",
+                "time a request waited for its tenant's fair share of a full pool (a starved tenant shows here)",
+            ),
+            overload_refusals=meter.create_counter(
+                "lpx_gateway_overload_refusals",
+                description="requests refused early: the pool could not finish them before their deadline",
+            ),
+        )
 
     def observe_fair_queue(self, fair) -> None:
         """Gauges per pool and tenant waiting for a full pool's fair share (services.gateway.fairness):

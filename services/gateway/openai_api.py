@@ -59,9 +59,22 @@ StopText = Annotated[str, Field(max_length=1_000)]
 # Honour or refuse, never ignore: a parameter OpenAI documents that loraplex does not implement is
 # accepted only at its "off" value and refused with 400 naming it otherwise; an unknown one is refused.
 UNSUPPORTED = {
-    "tools", "tool_choice", "functions", "function_call", "frequency_penalty", "presence_penalty", "logit_bias",
-    "modalities", "audio", "prediction", "reasoning_effort", "web_search_options", "best_of", "echo", "suffix",
-}  # fmt: skip
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+    "best_of",
+    "echo",
+    "suffix",
+}
 NOT_SUPPORTED = "not supported by this server (refused with 400, never ignored)"
 Off = Annotated[None, Field(description=NOT_SUPPORTED)]
 Zero = Annotated[float | None, Field(None, ge=0, le=0, description=f"0 only; {NOT_SUPPORTED}")]
@@ -102,9 +115,10 @@ class JsonSchemaSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = Field(None, max_length=MAX_TEXT)
     schema_: dict | None = Field(
-        None, alias="schema", description="a JSON Schema (draft 2020-12; an invalid one is refused with 400); "
-        "absent: any JSON object",
-    )  # fmt: skip
+        None,
+        alias="schema",
+        description="a JSON Schema (draft 2020-12; an invalid one is refused with 400); absent: any JSON object",
+    )
     strict: bool | None = Field(None, description="accepted; decoding always follows the schema")
 
 
@@ -158,8 +172,13 @@ class _Common(BaseModel):
         alternatives = self.alternatives()
         if alternatives is not None and (why := logprobs.check_budget(max_tokens, alternatives)):
             raise errors.bad_request(why, "max_tokens")
-        values = {"max_tokens": max_tokens, "stop": stop, "seed": self.seed, "logprobs": alternatives,
-                  "structured": self.structured()}  # fmt: skip
+        values = {
+            "max_tokens": max_tokens,
+            "stop": stop,
+            "seed": self.seed,
+            "logprobs": alternatives,
+            "structured": self.structured(),
+        }
         if self.temperature is not None:
             values["temperature"] = self.temperature
         if self.top_p is not None:
@@ -173,11 +192,20 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
-        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
-         "stream_options": {"include_usage": True}},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
+                {
+                    "model": "smollm2-135m",
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            ]
+        },
+    )
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_PARTS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     logprobs: bool | None = Field(None, description="log-probabilities of the generated tokens")
@@ -215,16 +243,25 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 8},
+            ]
+        },
+    )
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
         description="one prompt (a list of exactly one is accepted)"
     )
     echo: Literal[False] = Field(False, description=f"false only; {NOT_SUPPORTED}")
     suffix: Literal[""] | None = Field(None, description=f"empty only; {NOT_SUPPORTED}")
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="log-probabilities with this many "
-                                 "alternatives per token (+1, as OpenAI counts)")  # fmt: skip
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="log-probabilities with this many alternatives per token (+1, as OpenAI counts)",
+    )
     best_of: Literal[1] | None = Field(None, description=f"1 only; {NOT_SUPPORTED}")
 
     def alternatives(self) -> int | None:
@@ -264,19 +301,28 @@ async def list_models(request: Request, authorization: Authorization) -> JSONRes
     key, _ = bearer_key(authorization)
     tenant, names = await gw.models(key)
     bases = gw.base_models()
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "loraplex" if n in bases else tenant}
-            for n in names]  # fmt: skip
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "loraplex" if n in bases else tenant} for n in names]
     return JSONResponse({"object": "list", "data": data})
 
 
-async def _serve(request: Request, authorization: str | None, body: _Common, kind: str, *, prompt: str | None,
-                 messages: list[ChatMessage] | None):  # fmt: skip
+async def _serve(
+    request: Request,
+    authorization: str | None,
+    body: _Common,
+    kind: str,
+    *,
+    prompt: str | None,
+    messages: list[ChatMessage] | None,
+):
     gw = request.app.state.gateway
     started, accepted_at = time.perf_counter(), time.time()
     endpoint = "chat.completions" if kind == "chat" else "completions"
     attrs = {"endpoint": endpoint, "tenant": "unknown"}
-    with gw.tracer.start_as_current_span(f"POST /v1/{endpoint.replace('.', '/')}", kind=trace.SpanKind.SERVER,
-                                         context=extract_context(dict(request.headers))) as span:  # fmt: skip
+    with gw.tracer.start_as_current_span(
+        f"POST /v1/{endpoint.replace('.', '/')}",
+        kind=trace.SpanKind.SERVER,
+        context=extract_context(dict(request.headers)),
+    ) as span:
         try:
             # Bad input is answered first, like the schema's own checks that run before any handler.
             sampling = body.sampling(default_max_tokens=128 if kind == "chat" else 16)
@@ -292,15 +338,31 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
             deadline = time.time() + gw.settings.request_timeout_s
             streaming = False
             try:
-                job = await gw.dispatch(prepared, request_id=rid, prompt=prompt, messages=messages,
-                                        sampling=sampling, deadline=deadline, stream=body.stream)  # fmt: skip
+                job = await gw.dispatch(
+                    prepared,
+                    request_id=rid,
+                    prompt=prompt,
+                    messages=messages,
+                    sampling=sampling,
+                    deadline=deadline,
+                    stream=body.stream,
+                )
                 if body.stream:
                     usage = bool(body.stream_options and body.stream_options.include_usage)
-                    gen = _sse(gw, job, deadline, _Reply(kind, rid, body.model, sampling.logprobs),
-                               (started, accepted_at), attrs, usage, ticket)  # fmt: skip
+                    gen = _sse(
+                        gw,
+                        job,
+                        deadline,
+                        _Reply(kind, rid, body.model, sampling.logprobs),
+                        (started, accepted_at),
+                        attrs,
+                        usage,
+                        ticket,
+                    )
                     streaming = True  # the stream releases the ticket when it ends
-                    return StreamingResponse(gen, media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
+                    return StreamingResponse(
+                        gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Request-Id": rid}
+                    )
                 result = await gw.dispatcher.wait(job, deadline)
                 gw.limiter.release(ticket, result.prompt_tokens + result.completion_tokens)
             finally:
@@ -313,8 +375,10 @@ async def _serve(request: Request, authorization: str | None, body: _Common, kin
         _record(gw, attrs, 200, started)
         _record_timeline(gw, job, result, accepted_at)
         span.set_attribute("lpx.worker", result.worker_id)
-        return JSONResponse(_completion_body(_Reply(kind, rid, body.model, sampling.logprobs), result),
-                            headers={"X-Request-Id": rid, "X-Lpx-Worker": result.worker_id})  # fmt: skip
+        return JSONResponse(
+            _completion_body(_Reply(kind, rid, body.model, sampling.logprobs), result),
+            headers={"X-Request-Id": rid, "X-Lpx-Worker": result.worker_id},
+        )
 
 
 def _record(gw, attrs: dict, status: int, started: float) -> None:
@@ -323,16 +387,24 @@ def _record(gw, attrs: dict, status: int, started: float) -> None:
 
 
 def _record_timeline(gw, job, result: InferenceResult, accepted_at: float) -> None:
-    spans = timeline.stages(accepted_at=accepted_at, publish_started_at=job.publish_started_at,
-                            published_at=job.published_at, result=result, received_at=job.received_at,
-                            replied_at=time.time())  # fmt: skip
+    spans = timeline.stages(
+        accepted_at=accepted_at,
+        publish_started_at=job.publish_started_at,
+        published_at=job.published_at,
+        result=result,
+        received_at=job.received_at,
+        replied_at=time.time(),
+    )
     for stage, seconds in spans.items():
         gw.metrics.stage_s.record(seconds, {"stage": stage})
 
 
 def _usage(result: InferenceResult) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
 
 
 @dataclass(frozen=True)
@@ -357,13 +429,31 @@ def _completion_body(reply: _Reply, result: InferenceResult) -> dict:
     finish, rid, model, created = result.finish_reason or "stop", reply.rid, reply.model, reply.created
     lps = reply.logprobs(result.logprobs)
     if reply.kind == "chat":
-        return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": lps, "finish_reason": finish}],
-                "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": result.text, "logprobs": lps, "finish_reason": finish}],
-            "usage": _usage(result), "system_fingerprint": result.adapter_digest_applied}  # fmt: skip
+        return {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": result.text},
+                    "logprobs": lps,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": _usage(result),
+            "system_fingerprint": result.adapter_digest_applied,
+        }
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": result.text, "logprobs": lps, "finish_reason": finish}],
+        "usage": _usage(result),
+        "system_fingerprint": result.adapter_digest_applied,
+    }
 
 
 def _chunk(reply: _Reply, text: str | None, finish: str | None, first: bool = False, lps: dict | None = None) -> dict:
@@ -374,18 +464,36 @@ def _chunk(reply: _Reply, text: str | None, finish: str | None, first: bool = Fa
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}]}  # fmt: skip
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}]}  # fmt: skip
+        return {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}],
+        }
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}],
+    }
 
 
 def _data(doc: dict) -> str:
     return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
 
 
-async def _sse(gw, job, deadline: float, reply: _Reply, clocks: tuple[float, float], attrs: dict,
-               include_usage: bool = False, ticket: Ticket | None = None) -> AsyncIterator[str]:  # fmt: skip
+async def _sse(
+    gw,
+    job,
+    deadline: float,
+    reply: _Reply,
+    clocks: tuple[float, float],
+    attrs: dict,
+    include_usage: bool = False,
+    ticket: Ticket | None = None,
+) -> AsyncIterator[str]:
     started, accepted_at = clocks
     first, got_text, final, streamed = True, False, None, 0
     status = 200

@@ -71,8 +71,15 @@ def select_pool(live: Mapping[str, WorkerHeartbeat], base_model: str, rank: int 
 
 
 class PoolView:
-    def __init__(self, js, *, staleness_s: float, poll_s: float = 0.5, clock: Callable[[], float] = time.time,
-                 on_dead: Callable[[set[str]], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        js,
+        *,
+        staleness_s: float,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+        on_dead: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self.js = js
         self.staleness_s = staleness_s
         self.poll_s = poll_s
@@ -141,7 +148,7 @@ class PoolView:
                 await self.refresh()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - keep the last view; try again next round
+            except Exception as exc:
                 self.blind()
                 self.state.failed(exc)
 

@@ -46,8 +46,10 @@ class Rerouter:
 
     async def _handle(self, worker: str) -> None:
         if await self._left_cleanly(worker):
-            log.info("worker drained; re-routing what is left after a grace period",
-                     extra={"worker": worker, "grace_s": self.drain_grace_s})  # fmt: skip
+            log.info(
+                "worker drained; re-routing what is left after a grace period",
+                extra={"worker": worker, "grace_s": self.drain_grace_s},
+            )
             await asyncio.sleep(self.drain_grace_s)
             live = set(self.dispatcher.pools.live)
             if worker in live:
@@ -68,7 +70,7 @@ class Rerouter:
             await d.js.delete_consumer(subjects.INFER_STREAM, subjects.worker_durable(pool, worker))
         except NotFoundError:
             return False  # another gateway retired it first
-        except Exception as exc:  # noqa: BLE001 - the broker is away: the next worker loss tries again
+        except Exception as exc:
             log.warning("could not retire the consumer of worker %s: %s", worker, type(exc).__name__)
             return False
         self.retired += 1
@@ -84,7 +86,7 @@ class Rerouter:
             await kv.get(worker)
         except KeyDeletedError:
             return True  # a delete marker: the worker removed its own key
-        except Exception:  # noqa: BLE001 - purged by TTL, or unreadable: treat as lost
+        except Exception:
             return False
         return False  # still there but stale: lost
 
@@ -94,8 +96,9 @@ class Rerouter:
         for job in stranded:
             await self._reroute_one(job, reason)
         if stranded:
-            log.warning("re-routed unfinished requests", extra={"worker": worker, "count": len(stranded),
-                                                                "reason": reason})  # fmt: skip
+            log.warning(
+                "re-routed unfinished requests", extra={"worker": worker, "count": len(stranded), "reason": reason}
+            )
         return len(stranded)
 
     async def _reroute_one(self, job: Job, reason: str) -> None:
@@ -112,7 +115,7 @@ class Rerouter:
         d.move(job, target)
         try:
             await d.publish(job, subject, f"{job.request_id}-reroute-{job.attempts}")
-        except Exception:  # noqa: BLE001 - the deadline will answer the caller; log loudly
+        except Exception:
             log.exception("re-route publish failed", extra={"request_id": job.request_id})
             return
         self.rerouted += 1

@@ -37,8 +37,12 @@ log = logging.getLogger(__name__)
 
 # (subject, payload, timeout) -> reply bytes; raises TimeoutError (or anything) when no answer came.
 Requester = Callable[[str, bytes, float], Awaitable[bytes]]
-INVALIDATING = {AdapterEventKind.ACTIVATED, AdapterEventKind.RETIRED, AdapterEventKind.REJECTED,
-                AdapterEventKind.ALIAS_MOVED}  # fmt: skip
+INVALIDATING = {
+    AdapterEventKind.ACTIVATED,
+    AdapterEventKind.RETIRED,
+    AdapterEventKind.REJECTED,
+    AdapterEventKind.ALIAS_MOVED,
+}
 
 
 @dataclass
@@ -57,9 +61,17 @@ class CacheStats:
 
 
 class ResolverCache:
-    def __init__(self, request: Requester, *, ttl_s: float = 30.0, negative_ttl_s: float = 2.0,
-                 timeout_s: float = 2.0, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic,
-                 on_lookup: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        request: Requester,
+        *,
+        ttl_s: float = 30.0,
+        negative_ttl_s: float = 2.0,
+        timeout_s: float = 2.0,
+        max_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        on_lookup: Callable[[str], None] | None = None,
+    ) -> None:
         self._request = request
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
@@ -114,7 +126,7 @@ class ResolverCache:
         except ValidationError as exc:
             log.error("unreadable reply from the registry on %s: %s", subject, exc)
             return _unavailable(reply_type, "unreadable reply from the registry")
-        except Exception as exc:  # noqa: BLE001 - timeout, no responders, connection loss
+        except Exception as exc:
             return _unavailable(reply_type, f"registry did not answer: {type(exc).__name__}")
 
     def _settle(self, key: tuple, reply):

@@ -72,12 +72,18 @@ class SubmissionConsumer:
 
     async def start(self) -> None:
         js = self.gateway.js
-        config = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S,
-                                max_ack_pending=self.concurrency * 2, filter_subject=subjects.SUBMIT_ALL,
-                                max_deliver=-1)  # fmt: skip
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ACK_WAIT_S,
+            max_ack_pending=self.concurrency * 2,
+            filter_subject=subjects.SUBMIT_ALL,
+            max_deliver=-1,
+        )
         self.gateway.link.add_consumer(subjects.SUBMIT_STREAM, config)
-        self.sub = await js.pull_subscribe(subjects.SUBMIT_ALL, durable=self.durable, stream=subjects.SUBMIT_STREAM,
-                                           config=config)  # fmt: skip
+        self.sub = await js.pull_subscribe(
+            subjects.SUBMIT_ALL, durable=self.durable, stream=subjects.SUBMIT_STREAM, config=config
+        )
         self._loop_task = asyncio.create_task(self._loop(), name="submissions")
 
     async def stop(self) -> None:
@@ -105,7 +111,7 @@ class SubmissionConsumer:
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+            except Exception as exc:
                 self.fetching.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -123,10 +129,12 @@ class SubmissionConsumer:
     async def _run(self, msg) -> None:
         try:
             await self.handle(msg)
-        except Exception as exc:  # noqa: BLE001 - not acked: redelivered after ack_wait
+        except Exception as exc:
             if is_transient(exc):  # the broker is away: expected, no traceback
-                log.warning("submission not finished while the broker is unavailable (%s); it will be redelivered",
-                            type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "submission not finished while the broker is unavailable (%s); it will be redelivered",
+                    type(exc).__name__,
+                )
             else:
                 log.exception("submission handling failed; it will be redelivered", extra={"subject": msg.subject})
 
@@ -151,12 +159,19 @@ class SubmissionConsumer:
         self.active.add((tenant, rid))
         keepalive = asyncio.create_task(self._keep_in_progress(msg))
         try:
-            with g.tracer.start_as_current_span("gateway.submission", context=extract_context(msg.headers),
-                                                attributes={"lpx.request_id": rid, "lpx.tenant": tenant}):  # fmt: skip
+            with g.tracer.start_as_current_span(
+                "gateway.submission",
+                context=extract_context(msg.headers),
+                attributes={"lpx.request_id": rid, "lpx.tenant": tenant},
+            ):
                 result = await self._execute(submit, tenant)
-            await publish_retrying(g.js, result_subject, result.model_dump_json().encode(),
-                                   headers=inject_headers({"Nats-Msg-Id": f"result-{tenant}-{rid}"}),
-                                   give_up_at=time.time() + RESULT_PUBLISH_RETRY_S)  # fmt: skip
+            await publish_retrying(
+                g.js,
+                result_subject,
+                result.model_dump_json().encode(),
+                headers=inject_headers({"Nats-Msg-Id": f"result-{tenant}-{rid}"}),
+                give_up_at=time.time() + RESULT_PUBLISH_RETRY_S,
+            )
             g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
             await msg.ack()
         finally:
@@ -172,13 +187,18 @@ class SubmissionConsumer:
             stored = await self._stored(subjects.result_lookup(work_id, g.settings.gateway_id))
             if stored is not None:
                 prepared = await self._prepare(submit, tenant)
-                checked = check_applied(InferenceResult.model_validate_json(stored), prepared.expected_digest,
-                                        tenant=prepared.tenant, metrics=g.metrics)  # fmt: skip
+                checked = check_applied(
+                    InferenceResult.model_validate_json(stored),
+                    prepared.expected_digest,
+                    tenant=prepared.tenant,
+                    metrics=g.metrics,
+                )
             else:
                 checked = await self._generate(submit, tenant, work_id)
         except GatewayError as exc:
-            return InferenceResult(request_id=rid, worker_id="gateway", ok=False,
-                                   error=ErrorInfo(code=exc.code, message=exc.message))  # fmt: skip
+            return InferenceResult(
+                request_id=rid, worker_id="gateway", ok=False, error=ErrorInfo(code=exc.code, message=exc.message)
+            )
         # The worker's answer under the submission's id. Usage metering counted the worker's answer
         # already (under the work id): this copy names no tenant, so it is not counted twice.
         return checked.model_copy(update={"request_id": rid, "tenant": None})
@@ -188,8 +208,11 @@ class SubmissionConsumer:
         message: a tenant's NATS credential with another tenant's API key is refused (403)."""
         prepared = await self.gateway.prepare(submit.api_key, submit.model)
         if prepared.tenant != tenant:
-            raise GatewayError(403, f"the API key does not belong to tenant {tenant!r}, whose submission subject "
-                                    "carried this request", "permission_denied")  # fmt: skip
+            raise GatewayError(
+                403,
+                f"the API key does not belong to tenant {tenant!r}, whose submission subject carried this request",
+                "permission_denied",
+            )
         return prepared
 
     async def _generate(self, submit: SubmitRequest, tenant: str, work_id: str) -> InferenceResult:
@@ -210,12 +233,21 @@ class SubmissionConsumer:
         finally:
             g.limiter.release(ticket, result.prompt_tokens + result.completion_tokens if result else None)
 
-    async def _run_job(self, submit: SubmitRequest, tenant: str, work_id: str, prepared, deadline: float
-                       ) -> InferenceResult:  # fmt: skip
+    async def _run_job(
+        self, submit: SubmitRequest, tenant: str, work_id: str, prepared, deadline: float
+    ) -> InferenceResult:
         g = self.gateway
-        job = await g.dispatch(prepared, request_id=work_id, prompt=submit.prompt, messages=submit.messages,
-                               sampling=submit.sampling, deadline=deadline, stream=submit.stream,
-                               interactive=submit.tier == "interactive", refuse_early=False)  # fmt: skip
+        job = await g.dispatch(
+            prepared,
+            request_id=work_id,
+            prompt=submit.prompt,
+            messages=submit.messages,
+            sampling=submit.sampling,
+            deadline=deadline,
+            stream=submit.stream,
+            interactive=submit.tier == "interactive",
+            refuse_early=False,
+        )
         if not submit.stream:
             return await g.dispatcher.wait(job, deadline)
         index = 0
@@ -241,9 +273,13 @@ class SubmissionConsumer:
                     raise
                 waiting = self.waiting_for_limits.get(tenant, 0)
                 if waiting >= g.settings.submit_tenant_queue:
-                    raise GatewayError(429, f"{exc.message} {waiting} submissions of "
-                                            f"tenant {tenant!r} already wait for its limits at this gateway; "
-                                            "this one was refused", "rate_limit_exceeded") from None  # fmt: skip
+                    raise GatewayError(
+                        429,
+                        f"{exc.message} {waiting} submissions of "
+                        f"tenant {tenant!r} already wait for its limits at this gateway; "
+                        "this one was refused",
+                        "rate_limit_exceeded",
+                    ) from None
                 left = deadline - time.time()
                 if left <= exc.retry_after_s:
                     raise errors.deadline(deadline - submit.submitted_at) from None
@@ -280,10 +316,13 @@ class SubmissionConsumer:
         log.warning("dead-lettered a submission", extra={"reason": reason})
         rid = request_id_of(msg.data, max_len=100)
         if tenant and rid and await self._stored(subjects.tenant_results(tenant, rid)) is None:
-            error = InferenceResult(request_id=rid, worker_id="gateway", ok=False,
-                                    error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
-            await g.js.publish(subjects.tenant_results(tenant, rid), error.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": f"result-{tenant}-{rid}"})  # fmt: skip
+            error = InferenceResult(
+                request_id=rid, worker_id="gateway", ok=False, error=ErrorInfo(code="bad_request", message=reason)
+            )
+            await g.js.publish(
+                subjects.tenant_results(tenant, rid),
+                error.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": f"result-{tenant}-{rid}"},
+            )
         g.metrics.submissions.add(1, {"outcome": "bad_request"})
         await msg.ack()
-

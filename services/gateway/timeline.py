@@ -18,18 +18,44 @@ from __future__ import annotations
 
 from libs.contracts import InferenceResult
 
-STAGES = ("gateway_in", "publish", "to_worker", "worker_prepare", "prefill", "decode", "worker_out", "to_gateway",
-          "reply")  # fmt: skip
+STAGES = (
+    "gateway_in",
+    "publish",
+    "to_worker",
+    "worker_prepare",
+    "prefill",
+    "decode",
+    "worker_out",
+    "to_gateway",
+    "reply",
+)
 ENGINE_STAGES = ("prefill", "decode")
 
 
-def stages(*, accepted_at: float, publish_started_at: float | None, published_at: float | None,
-           result: InferenceResult, received_at: float | None, replied_at: float) -> dict[str, float]:  # fmt: skip
+def stages(
+    *,
+    accepted_at: float,
+    publish_started_at: float | None,
+    published_at: float | None,
+    result: InferenceResult,
+    received_at: float | None,
+    replied_at: float,
+) -> dict[str, float]:
     """Stage -> seconds, for the stages whose two stamps are known (a re-routed or failed request may
     lack some)."""
     t = result.timings
-    stamps = [accepted_at, publish_started_at, published_at, t.fetched_at, t.engine_added_at, t.first_token_at,
-              t.last_token_at, t.result_sent_at, received_at, replied_at]  # fmt: skip
+    stamps = [
+        accepted_at,
+        publish_started_at,
+        published_at,
+        t.fetched_at,
+        t.engine_added_at,
+        t.first_token_at,
+        t.last_token_at,
+        t.result_sent_at,
+        received_at,
+        replied_at,
+    ]
     out = {}
     for name, start, end in zip(STAGES, stamps[:-1], stamps[1:], strict=True):
         if start is not None and end is not None:

@@ -72,19 +72,28 @@ async def resolve(session: AsyncSession, tenant_name: str, alias_name: str) -> R
     alias = await find_alias(session, tenant, alias_name)
     version_id = await target_version_id(session, alias)
     if version_id is None:
-        raise NotServable(f"alias {alias_name!r} of tenant {tenant_name!r} has no active version yet "
-                          f"(it is served once a version passes evaluation)")  # fmt: skip
+        raise NotServable(
+            f"alias {alias_name!r} of tenant {tenant_name!r} has no active version yet "
+            f"(it is served once a version passes evaluation)"
+        )
     ctx = await lifecycle.load_version(session, version_id, lock=False)
     if ctx.version.status != VersionStatus.ACTIVE:
         why = f": {ctx.version.status_reason}" if ctx.version.status_reason else ""
-        raise NotServable(f"alias {alias_name!r} points at version {ctx.version.number} of {ctx.adapter.name}, "
-                          f"which is {ctx.version.status}{why}")  # fmt: skip
+        raise NotServable(
+            f"alias {alias_name!r} points at version {ctx.version.number} of {ctx.adapter.name}, "
+            f"which is {ctx.version.status}{why}"
+        )
     return Resolved(tenant_name, alias_name, ctx.adapter.name, ctx.version.number, ctx.ref())
 
 
 async def add_pinned(session: AsyncSession, tenant: Tenant, adapter: Adapter, version: AdapterVersion) -> Alias:
-    alias = Alias(tenant_id=tenant.id, name=pinned_name(adapter.name, version.number), kind=AliasKind.PINNED,
-                  adapter_id=adapter.id, version_id=version.id)  # fmt: skip
+    alias = Alias(
+        tenant_id=tenant.id,
+        name=pinned_name(adapter.name, version.number),
+        kind=AliasKind.PINNED,
+        adapter_id=adapter.id,
+        version_id=version.id,
+    )
     session.add(alias)
     return alias
 
@@ -113,31 +122,49 @@ async def rollback(session: AsyncSession, tenant: Tenant, adapter_name: str, to_
     if adapter.current_version_id is None:
         raise Conflict(f"{adapter_name!r} has no active version to roll back from", code="nothing_to_roll_back")
     current = (await session.exec(select(AdapterVersion).where(AdapterVersion.id == adapter.current_version_id))).one()
-    query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id,
-                                         AdapterVersion.status == VersionStatus.ACTIVE,
-                                         col(AdapterVersion.number) < current.number)  # fmt: skip
+    query = select(AdapterVersion).where(
+        AdapterVersion.adapter_id == adapter.id,
+        AdapterVersion.status == VersionStatus.ACTIVE,
+        col(AdapterVersion.number) < current.number,
+    )
     if to_number is not None:
         query = query.where(AdapterVersion.number == to_number)
     target = (await session.exec(query.order_by(col(AdapterVersion.number).desc()))).first()
     if target is None:
         which = f"version {to_number}" if to_number is not None else "an earlier version"
-        raise Conflict(f"cannot roll back {adapter_name!r} from version {current.number}: {which} is not an "
-                       f"active version older than the current one", code="nothing_to_roll_back")  # fmt: skip
+        raise Conflict(
+            f"cannot roll back {adapter_name!r} from version {current.number}: {which} is not an "
+            f"active version older than the current one",
+            code="nothing_to_roll_back",
+        )
     ctx = await lifecycle.load_version(session, target.id)
     await lifecycle.point_follow_aliases(session, ctx, reason=f"rollback from version {current.number}")
     return target.number
 
 
 async def list_aliases(session: AsyncSession, tenant: Tenant) -> list[AliasPublic]:
-    rows = (await session.exec(select(Alias, Adapter).join(Adapter, col(Alias.adapter_id) == col(Adapter.id))
-                               .where(Alias.tenant_id == tenant.id).order_by(Alias.name))).all()  # fmt: skip
+    rows = (
+        await session.exec(
+            select(Alias, Adapter)
+            .join(Adapter, col(Alias.adapter_id) == col(Adapter.id))
+            .where(Alias.tenant_id == tenant.id)
+            .order_by(Alias.name)
+        )
+    ).all()
     result = []
     for alias, adapter in rows:
         version_id = alias.version_id if alias.kind == AliasKind.PINNED else adapter.current_version_id
         version = None
         if version_id is not None:
             version = (await session.exec(select(AdapterVersion).where(AdapterVersion.id == version_id))).one()
-        result.append(AliasPublic(tenant=tenant.name, name=alias.name, kind=alias.kind, adapter=adapter.name,
-                                  version=version.number if version else None,
-                                  digest=version.digest if version else None))  # fmt: skip
+        result.append(
+            AliasPublic(
+                tenant=tenant.name,
+                name=alias.name,
+                kind=alias.kind,
+                adapter=adapter.name,
+                version=version.number if version else None,
+                digest=version.digest if version else None,
+            )
+        )
     return result

@@ -106,8 +106,9 @@ VersionNumber = Annotated[int, Path(ge=1, le=PG_INT_MAX, description="version nu
 
 
 class TenantUpdate(BaseModel):
-    eval_threshold: float | None = Field(None, ge=0, le=1, description="pass rate a new version needs "
-                                                                       "(null: the eval gate's default)")
+    eval_threshold: float | None = Field(
+        None, ge=0, le=1, description="pass rate a new version needs (null: the eval gate's default)"
+    )
 
 
 class MigrationCreate(BaseModel):
@@ -279,8 +280,9 @@ class UsagePublic(BaseModel):
 
 
 @admin.get("/tenants/{tenant}/usage", tags=["usage"], responses=LOOKUP)
-async def tenant_usage(tenant: Name, ctx: Ctx, since_hours: Annotated[float, Query(gt=0, le=24 * 400)] = 24.0
-                       ) -> UsagePublic:  # fmt: skip
+async def tenant_usage(
+    tenant: Name, ctx: Ctx, since_hours: Annotated[float, Query(gt=0, le=24 * 400)] = 24.0
+) -> UsagePublic:
     """Requests, prompt and completion tokens and errors per adapter and hour (UTC), each request
     counted once, from the hour `since_hours` ago on."""
     async with ctx.sessions() as session:
@@ -350,11 +352,15 @@ async def list_bases(ctx: Ctx) -> list[BaseModelPublic]:
 
 # --- adapters and versions (admin) ---------------------------------------------------------------
 @admin.post("/adapters", tags=["adapters"], responses=PUSH_RESPONSES)
-async def push(ctx: Ctx, tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
-               adapter: Annotated[str, Form(json_schema_extra=NAME_DOC)],
-               base_model: Annotated[str, Form()], files: Annotated[list[UploadFile], File()],
-               dataset: Annotated[str | None, Form()] = None,
-               migration_item: Annotated[int | None, Form(ge=1, le=PG_INT_MAX)] = None) -> JSONResponse:  # fmt: skip
+async def push(
+    ctx: Ctx,
+    tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+    adapter: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+    base_model: Annotated[str, Form()],
+    files: Annotated[list[UploadFile], File()],
+    dataset: Annotated[str | None, Form()] = None,
+    migration_item: Annotated[int | None, Form(ge=1, le=PG_INT_MAX)] = None,
+) -> JSONResponse:
     """Push a version: multipart with `tenant`, `adapter`, `base_model` and the adapter's files
     (adapter_config.json and adapter_model.safetensors), optionally `dataset` (the tenant's dataset
     it was trained from: the eval gate evaluates on its eval split). 201 when created, 200 when this
@@ -362,9 +368,15 @@ async def push(ctx: Ctx, tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)
     check_name("tenant", tenant)
     check_adapter_name(adapter)
     with spooled_upload(files, ctx.settings.max_adapter_bytes) as directory:
-        result = await versions.push_version(ctx, tenant=tenant, adapter=adapter, base_model=base_model,
-                                             directory=directory, dataset=dataset or None,
-                                             migration_item=migration_item)  # fmt: skip
+        result = await versions.push_version(
+            ctx,
+            tenant=tenant,
+            adapter=adapter,
+            base_model=base_model,
+            directory=directory,
+            dataset=dataset or None,
+            migration_item=migration_item,
+        )
     body = PushReply(created=result.created, version=result.version)
     return JSONResponse(status_code=201 if result.created else 200, content=body.model_dump(mode="json"))
 
@@ -392,8 +404,9 @@ async def rollback(tenant: Name, adapter: Name, body: RollbackRequest, ctx: Ctx)
 
 async def _transition(ctx: RegistryContext, tenant: str, adapter: str, number: int, apply) -> VersionPublic:
     async with transaction(ctx.sessions) as session:
-        alias = await aliases.find_alias(session, await aliases.get_tenant(session, tenant),
-                                         aliases.pinned_name(adapter, number))  # fmt: skip
+        alias = await aliases.find_alias(
+            session, await aliases.get_tenant(session, tenant), aliases.pinned_name(adapter, number)
+        )
         vctx = await lifecycle.load_version(session, alias.version_id)
         await apply(session, vctx)
     ctx.wake_relay()
@@ -407,8 +420,9 @@ async def begin_evaluation(tenant: Name, adapter: Name, number: VersionNumber, c
 
 
 @admin.post("/tenants/{tenant}/adapters/{adapter}/versions/{number}/evaluate", tags=["lifecycle"], responses=CHANGES)
-async def request_evaluation(tenant: Name, adapter: Name, number: VersionNumber, body: EvaluateRequest, ctx: Ctx
-                             ) -> VersionPublic:  # fmt: skip
+async def request_evaluation(
+    tenant: Name, adapter: Name, number: VersionNumber, body: EvaluateRequest, ctx: Ctx
+) -> VersionPublic:
     """Ask the eval gate to (re-)evaluate a pending, evaluating or rejected version."""
 
     async def apply(session, vctx):
@@ -466,9 +480,12 @@ async def show_alias(tenant: Name, alias: Name, ctx: Ctx) -> VersionPublic:
 
 # --- datasets (admin) ----------------------------------------------------------------------------
 @admin.post("/datasets", status_code=201, tags=["datasets"], responses=documented(404, 409, 413))
-async def upload_dataset(ctx: Ctx, tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
-                         name: Annotated[str, Form(json_schema_extra=NAME_DOC)],
-                         file: Annotated[UploadFile, File()]) -> datasets.DatasetPublic:  # fmt: skip
+async def upload_dataset(
+    ctx: Ctx,
+    tenant: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+    name: Annotated[str, Form(json_schema_extra=NAME_DOC)],
+    file: Annotated[UploadFile, File()],
+) -> datasets.DatasetPublic:
     with spooled_upload([file], ctx.settings.max_adapter_bytes) as directory:
         return await datasets.store_dataset(ctx, tenant, name, directory / (file.filename or ""))
 
@@ -481,8 +498,9 @@ async def list_datasets(tenant: Name, ctx: Ctx) -> list[datasets.DatasetPublic]:
 
 # --- base-model migrations (admin) ---------------------------------------------------------------
 @admin.get("/migrations/plan", tags=["migrations"], responses=LOOKUP)
-async def migration_plan(ctx: Ctx, from_base: str = Query(...), to_base: str = Query(...)
-                         ) -> base_migrations.MigrationPlan:  # fmt: skip
+async def migration_plan(
+    ctx: Ctx, from_base: str = Query(...), to_base: str = Query(...)
+) -> base_migrations.MigrationPlan:
     """Every adapter served on `from_base` and the dataset it would be retrained from."""
     async with ctx.sessions() as session:
         return await base_migrations.plan(session, from_base, to_base)
@@ -493,8 +511,9 @@ async def start_migration(body: MigrationCreate, ctx: Ctx) -> base_migrations.Mi
     """Start a migration: one training job per adapter, through the outbox (exactly once)."""
     recipe = base_migrations.default_recipe(ctx.settings.max_rank, body.steps, body.seed, body.batch_size)
     async with transaction(ctx.sessions) as session:
-        migration = await base_migrations.start(session, from_base=body.from_base, to_base=body.to_base,
-                                                recipe=recipe, requested_by=body.requested_by)  # fmt: skip
+        migration = await base_migrations.start(
+            session, from_base=body.from_base, to_base=body.to_base, recipe=recipe, requested_by=body.requested_by
+        )
     ctx.wake_relay()
     async with ctx.sessions() as session:
         return await base_migrations.status(session, migration.id)
@@ -532,15 +551,17 @@ public = APIRouter(prefix="/v1", tags=["resolve"], responses=documented(400, 401
 
 
 @public.get("/resolve/{tenant}/{alias}")
-async def resolve(tenant: Name, alias: Name, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
-                  ) -> Resolution:  # fmt: skip
+async def resolve(
+    tenant: Name, alias: Name, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
+) -> Resolution:
     """(tenant, alias) -> the active version's digest, object key, base model and rank."""
     async with ctx.sessions() as session:
         if not is_admin(ctx, authorization):
             await tenants.authenticate(session, tenant, bearer(authorization) or "")
         found = await aliases.resolve(session, tenant, alias)
-    return Resolution(tenant=found.tenant, alias=found.alias, adapter=found.adapter, version=found.version,
-                      ref=found.ref)  # fmt: skip
+    return Resolution(
+        tenant=found.tenant, alias=found.alias, adapter=found.adapter, version=found.version, ref=found.ref
+    )
 
 
 # --- the app -------------------------------------------------------------------------------------
@@ -555,8 +576,12 @@ def create_app(settings: RegistrySettings, hooks: FaultHooks | None = None, tele
         finally:
             await service.stop()
 
-    app = FastAPI(title="loraplex registry", version="1", lifespan=lifespan,
-                  description="Tenants, base models, versioned LoRA adapters, aliases and their lifecycle.")
+    app = FastAPI(
+        title="loraplex registry",
+        version="1",
+        lifespan=lifespan,
+        description="Tenants, base models, versioned LoRA adapters, aliases and their lifecycle.",
+    )
     app.state.service = service
     install_error_handlers(app)
     app.middleware("http")(_limit_push_size(settings.max_adapter_bytes))
@@ -571,8 +596,9 @@ def _limit_push_size(max_bytes: int):
     async def middleware(request: Request, call_next):
         length = request.headers.get("content-length")
         if request.method == "POST" and length and length.isdigit() and int(length) > max_bytes + MULTIPART_SLACK:
-            return error_response(TooLarge(f"request of {length} bytes is over the limit of {max_bytes} bytes "
-                                           f"(max_adapter_bytes)"))  # fmt: skip
+            return error_response(
+                TooLarge(f"request of {length} bytes is over the limit of {max_bytes} bytes (max_adapter_bytes)")
+            )
         return await call_next(request)
 
     return middleware

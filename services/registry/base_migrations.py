@@ -91,19 +91,28 @@ async def plan(session: AsyncSession, from_base: str, to_base: str) -> Migration
         raise Invalid("a migration needs two different base models")
     items = []
     for tenant, adapter, version, dataset in await _served_on(session, from_base):
-        items.append(PlanItem(tenant=tenant.name, adapter=adapter.name, version=version.number,
-                              dataset=dataset.name if dataset else None,
-                              train_examples=dataset.train_examples if dataset else 0,
-                              reason="" if dataset else "no stored dataset with train examples to retrain from"))
+        items.append(
+            PlanItem(
+                tenant=tenant.name,
+                adapter=adapter.name,
+                version=version.number,
+                dataset=dataset.name if dataset else None,
+                train_examples=dataset.train_examples if dataset else 0,
+                reason="" if dataset else "no stored dataset with train examples to retrain from",
+            )
+        )
     return MigrationPlan(from_base=from_base, to_base=to_base, items=items)
 
 
 async def _served_on(session: AsyncSession, base: str):
     """(tenant, adapter, served version, dataset to retrain from) for every adapter serving on `base`."""
-    query = (select(Tenant, Adapter, AdapterVersion)
-             .join(Adapter, col(Adapter.tenant_id) == col(Tenant.id))
-             .join(AdapterVersion, col(AdapterVersion.id) == col(Adapter.current_version_id))
-             .where(AdapterVersion.base_model == base).order_by(col(Tenant.name), col(Adapter.name)))  # fmt: skip
+    query = (
+        select(Tenant, Adapter, AdapterVersion)
+        .join(Adapter, col(Adapter.tenant_id) == col(Tenant.id))
+        .join(AdapterVersion, col(AdapterVersion.id) == col(Adapter.current_version_id))
+        .where(AdapterVersion.base_model == base)
+        .order_by(col(Tenant.name), col(Adapter.name))
+    )
     found = []
     for tenant, adapter, version in (await session.exec(query)).all():
         found.append((tenant, adapter, version, await _training_set(session, tenant, version)))
@@ -116,25 +125,37 @@ async def _training_set(session: AsyncSession, tenant: Tenant, version: AdapterV
         row = (await session.exec(select(Dataset).where(Dataset.id == version.dataset_id))).one()
         if row.train_examples > 0:
             return row
-    query = (select(Dataset).where(Dataset.tenant_id == tenant.id, Dataset.train_examples > 0)
-             .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc()))  # fmt: skip
+    query = (
+        select(Dataset)
+        .where(Dataset.tenant_id == tenant.id, Dataset.train_examples > 0)
+        .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
+    )
     return (await session.exec(query)).first()
 
 
-async def start(session: AsyncSession, *, from_base: str, to_base: str, recipe: dict,
-                requested_by: str) -> Migration:  # fmt: skip
+async def start(session: AsyncSession, *, from_base: str, to_base: str, recipe: dict, requested_by: str) -> Migration:
     await plan(session, from_base, to_base)  # bases known and distinct
     for running in await _unfinished(session, from_base, to_base):
         raise Conflict(f"migration {running} from {from_base} to {to_base} is still running", code="migration_running")
-    migration = Migration(id=f"mig-{uuid.uuid4().hex[:10]}", from_base=from_base, to_base=to_base,
-                          recipe=recipe, requested_by=requested_by)  # fmt: skip
+    migration = Migration(
+        id=f"mig-{uuid.uuid4().hex[:10]}",
+        from_base=from_base,
+        to_base=to_base,
+        recipe=recipe,
+        requested_by=requested_by,
+    )
     session.add(migration)
     await session.flush()
     for tenant, adapter, version, dataset in await _served_on(session, from_base):
-        item = MigrationItem(migration_id=migration.id, tenant_id=tenant.id, adapter_id=adapter.id,
-                             old_version_id=version.id, dataset_id=dataset.id if dataset else None,
-                             job_id=f"{migration.id}-{adapter.id}",
-                             error=None if dataset else "no stored dataset with train examples to retrain from")
+        item = MigrationItem(
+            migration_id=migration.id,
+            tenant_id=tenant.id,
+            adapter_id=adapter.id,
+            old_version_id=version.id,
+            dataset_id=dataset.id if dataset else None,
+            job_id=f"{migration.id}-{adapter.id}",
+            error=None if dataset else "no stored dataset with train examples to retrain from",
+        )
         session.add(item)
         await session.flush()
         if dataset is not None:
@@ -143,24 +164,45 @@ async def start(session: AsyncSession, *, from_base: str, to_base: str, recipe: 
     return migration
 
 
-def _job(migration: Migration, item: MigrationItem, tenant: Tenant, adapter: Adapter, dataset: Dataset,
-         recipe: dict) -> TrainJob:  # fmt: skip
-    ref = DatasetRef(name=dataset.name, digest=dataset.digest, object_key=dataset.object_key,
-                     train_examples=dataset.train_examples, eval_cases=dataset.eval_cases)  # fmt: skip
-    return TrainJob(job_id=item.job_id, tenant=tenant.name, adapter=adapter.name, dataset=ref,
-                    base_model=migration.to_base, migration_id=migration.id, migration_item=item.id,
-                    requested_by=f"migration {migration.id}", **recipe)  # fmt: skip
+def _job(
+    migration: Migration, item: MigrationItem, tenant: Tenant, adapter: Adapter, dataset: Dataset, recipe: dict
+) -> TrainJob:
+    ref = DatasetRef(
+        name=dataset.name,
+        digest=dataset.digest,
+        object_key=dataset.object_key,
+        train_examples=dataset.train_examples,
+        eval_cases=dataset.eval_cases,
+    )
+    return TrainJob(
+        job_id=item.job_id,
+        tenant=tenant.name,
+        adapter=adapter.name,
+        dataset=ref,
+        base_model=migration.to_base,
+        migration_id=migration.id,
+        migration_item=item.id,
+        requested_by=f"migration {migration.id}",
+        **recipe,
+    )
 
 
 def default_recipe(max_rank: int, steps: int, seed: int, batch_size: int = 4) -> dict:
     """The pool policy's recipe: its max rank, alpha 2 x rank, every projection targeted."""
-    return {"rank": max_rank, "alpha": 2 * max_rank, "target_modules": list(DEFAULT_TARGETS), "steps": steps,
-            "seed": seed, "batch_size": batch_size}
+    return {
+        "rank": max_rank,
+        "alpha": 2 * max_rank,
+        "target_modules": list(DEFAULT_TARGETS),
+        "steps": steps,
+        "seed": seed,
+        "batch_size": batch_size,
+    }
 
 
 async def _unfinished(session: AsyncSession, from_base: str, to_base: str) -> list[str]:
-    rows = (await session.exec(select(Migration.id).where(Migration.from_base == from_base,
-                                                          Migration.to_base == to_base))).all()  # fmt: skip
+    rows = (
+        await session.exec(select(Migration.id).where(Migration.from_base == from_base, Migration.to_base == to_base))
+    ).all()
     return [m for m in rows if not (await status(session, m)).done]
 
 
@@ -168,9 +210,13 @@ async def status(session: AsyncSession, migration_id: str) -> MigrationStatus:
     migration = (await session.exec(select(Migration).where(Migration.id == migration_id))).first()
     if migration is None:
         raise NotFound(f"no migration {migration_id!r}")
-    query = (select(MigrationItem, Tenant, Adapter).join(Tenant, col(Tenant.id) == col(MigrationItem.tenant_id))
-             .join(Adapter, col(Adapter.id) == col(MigrationItem.adapter_id))
-             .where(MigrationItem.migration_id == migration_id).order_by(col(MigrationItem.id)))  # fmt: skip
+    query = (
+        select(MigrationItem, Tenant, Adapter)
+        .join(Tenant, col(Tenant.id) == col(MigrationItem.tenant_id))
+        .join(Adapter, col(Adapter.id) == col(MigrationItem.adapter_id))
+        .where(MigrationItem.migration_id == migration_id)
+        .order_by(col(MigrationItem.id))
+    )
     items = []
     for item, tenant, adapter in (await session.exec(query)).all():
         old = (await session.exec(select(AdapterVersion).where(AdapterVersion.id == item.old_version_id))).one()
@@ -178,13 +224,29 @@ async def status(session: AsyncSession, migration_id: str) -> MigrationStatus:
         if item.new_version_id is not None:
             new = (await session.exec(select(AdapterVersion).where(AdapterVersion.id == item.new_version_id))).one()
         state, reason = _state(item, new)
-        items.append(ItemStatus(id=item.id, tenant=tenant.name, adapter=adapter.name, old_version=old.number,
-                                new_version=new.number if new else None, job_id=item.job_id, state=state,
-                                reason=reason))  # fmt: skip
+        items.append(
+            ItemStatus(
+                id=item.id,
+                tenant=tenant.name,
+                adapter=adapter.name,
+                old_version=old.number,
+                new_version=new.number if new else None,
+                job_id=item.job_id,
+                state=state,
+                reason=reason,
+            )
+        )
     counts = Counter(i.state for i in items)
-    return MigrationStatus(id=migration.id, from_base=migration.from_base, to_base=migration.to_base,
-                           recipe=migration.recipe, created_at=migration.created_at,
-                           done=all(i.state in FINAL_STATES for i in items), counts=dict(counts), items=items)
+    return MigrationStatus(
+        id=migration.id,
+        from_base=migration.from_base,
+        to_base=migration.to_base,
+        recipe=migration.recipe,
+        created_at=migration.created_at,
+        done=all(i.state in FINAL_STATES for i in items),
+        counts=dict(counts),
+        items=items,
+    )
 
 
 def _state(item: MigrationItem, new: AdapterVersion | None) -> tuple[str, str]:
@@ -217,8 +279,11 @@ async def link_version(session: AsyncSession, item_id: int, version: AdapterVers
 
 
 async def fail_item(session: AsyncSession, migration_id: str, item_id: int, reason: str) -> None:
-    item = (await session.exec(select(MigrationItem).where(MigrationItem.id == item_id,
-                                                           MigrationItem.migration_id == migration_id))).first()
+    item = (
+        await session.exec(
+            select(MigrationItem).where(MigrationItem.id == item_id, MigrationItem.migration_id == migration_id)
+        )
+    ).first()
     if item is None:
         raise NotFound(f"migration {migration_id!r} has no item {item_id}")
     if item.new_version_id is None:

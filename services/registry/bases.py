@@ -23,16 +23,26 @@ def spec_checksum(spec: BaseModelSpec) -> str:
     """sha256 over what validation depends on (architecture, layers, module shapes, vocabulary), so the
     catalogue entry and the same model registered from its config.json agree."""
     shapes = {name: [s.in_features, s.out_features] for name, s in spec.module_shapes().items()}
-    doc = {"architecture": spec.architecture, "num_layers": spec.num_layers, "module_shapes": shapes,
-           "vocab_size": spec.vocab_size}  # fmt: skip
+    doc = {
+        "architecture": spec.architecture,
+        "num_layers": spec.num_layers,
+        "module_shapes": shapes,
+        "vocab_size": spec.vocab_size,
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def row_from_spec(spec: BaseModelSpec) -> BaseModelRow:
     shapes = {name: [s.in_features, s.out_features] for name, s in spec.module_shapes().items()}
-    return BaseModelRow(name=spec.name, architecture=spec.architecture, num_layers=spec.num_layers,
-                        module_shapes=shapes, checksum=spec_checksum(spec), source=spec.source,
-                        spec=dataclasses.asdict(spec))  # fmt: skip
+    return BaseModelRow(
+        name=spec.name,
+        architecture=spec.architecture,
+        num_layers=spec.num_layers,
+        module_shapes=shapes,
+        checksum=spec_checksum(spec),
+        source=spec.source,
+        spec=dataclasses.asdict(spec),
+    )
 
 
 def spec_from_row(row: BaseModelRow) -> BaseModelSpec:
@@ -44,8 +54,9 @@ async def get_base(session: AsyncSession, name: str) -> BaseModelRow:
     row = (await session.exec(select(BaseModelRow).where(BaseModelRow.name == name))).first()
     if row is None:
         known = ", ".join((await session.exec(select(BaseModelRow.name).order_by(BaseModelRow.name))).all())
-        raise NotFound(f"unknown base model {name!r}; registered: {known or 'none'} (lpx base register)",
-                       code="unknown_base")
+        raise NotFound(
+            f"unknown base model {name!r}; registered: {known or 'none'} (lpx base register)", code="unknown_base"
+        )
     return row
 
 
@@ -60,8 +71,10 @@ async def register_base(session: AsyncSession, spec: BaseModelSpec) -> BaseModel
     existing = (await session.exec(select(BaseModelRow).where(BaseModelRow.name == spec.name))).first()
     if existing is not None:
         if existing.checksum != row.checksum or existing.module_shapes != row.module_shapes:
-            raise Conflict(f"base model {spec.name!r} is already registered with a different checksum or shapes "
-                           f"({existing.checksum[:12]} != {row.checksum[:12]})")  # fmt: skip
+            raise Conflict(
+                f"base model {spec.name!r} is already registered with a different checksum or shapes "
+                f"({existing.checksum[:12]} != {row.checksum[:12]})"
+            )
         return existing
     session.add(row)
     await session.flush()

@@ -64,5 +64,5 @@ async def digest_lock(engine: AsyncEngine, digest: str) -> AsyncIterator[AsyncCo
             try:
                 await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_key(digest)})
                 await conn.commit()
-            except Exception:  # noqa: BLE001 - a dead connection has already released the lock
+            except Exception:
                 await conn.invalidate()

@@ -42,9 +42,21 @@ def parse_dataset(path: Path) -> ParsedDataset:
 
 
 def _public(row: Dataset, tenant: str) -> DatasetPublic:
-    return DatasetPublic(tenant=tenant, **row.model_dump(include={"name", "digest", "object_key", "size_bytes",
-                                                                  "examples", "train_examples", "eval_cases",
-                                                                  "created_at"}))  # fmt: skip
+    return DatasetPublic(
+        tenant=tenant,
+        **row.model_dump(
+            include={
+                "name",
+                "digest",
+                "object_key",
+                "size_bytes",
+                "examples",
+                "train_examples",
+                "eval_cases",
+                "created_at",
+            }
+        ),
+    )
 
 
 async def store_dataset(ctx: RegistryContext, tenant: str, name: str, path: Path) -> DatasetPublic:
@@ -54,17 +66,25 @@ async def store_dataset(ctx: RegistryContext, tenant: str, name: str, path: Path
     digest = await asyncio.to_thread(file_sha256, path)
     async with transaction(ctx.sessions) as session:
         row_tenant = await aliases.get_tenant(session, tenant)
-        existing = (await session.exec(select(Dataset).where(Dataset.tenant_id == row_tenant.id,
-                                                             Dataset.name == name))).first()  # fmt: skip
+        existing = (
+            await session.exec(select(Dataset).where(Dataset.tenant_id == row_tenant.id, Dataset.name == name))
+        ).first()
         if existing is not None:
             if existing.digest != digest:
                 raise Conflict(f"tenant {tenant!r} already has a different dataset named {name!r}")
             return _public(existing, tenant)
         # The object goes first: a row never points at a missing object (same content, same key).
         await asyncio.to_thread(ctx.store.put_file, dataset_key(digest), path, digest)
-        row = Dataset(tenant_id=row_tenant.id, name=name, digest=digest, object_key=dataset_key(digest),
-                      size_bytes=path.stat().st_size, examples=parsed.lines, train_examples=len(parsed.train),
-                      eval_cases=len(parsed.eval))  # fmt: skip
+        row = Dataset(
+            tenant_id=row_tenant.id,
+            name=name,
+            digest=digest,
+            object_key=dataset_key(digest),
+            size_bytes=path.stat().st_size,
+            examples=parsed.lines,
+            train_examples=len(parsed.train),
+            eval_cases=len(parsed.eval),
+        )
         session.add(row)
     return _public(row, tenant)
 

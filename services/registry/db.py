@@ -55,9 +55,16 @@ async def migrate(dsn: str) -> None:
 
 
 # Driver errors that mean "the server went away or is not accepting connections yet".
-_UNAVAILABLE_NAMES = {"ConnectionDoesNotExistError", "CannotConnectNowError", "ConnectionFailureError",
-                      "PostgresConnectionError", "AdminShutdownError", "CrashShutdownError", "InterfaceError",
-                      "TooManyConnectionsError"}  # fmt: skip
+_UNAVAILABLE_NAMES = {
+    "ConnectionDoesNotExistError",
+    "CannotConnectNowError",
+    "ConnectionFailureError",
+    "PostgresConnectionError",
+    "AdminShutdownError",
+    "CrashShutdownError",
+    "InterfaceError",
+    "TooManyConnectionsError",
+}
 
 
 def is_unavailable(exc: BaseException) -> bool:

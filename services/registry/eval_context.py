@@ -40,7 +40,7 @@ async def eval_context(ctx: RegistryContext, request: EvalContextRequest) -> Eva
         return reply
     except RegistryError as exc:
         return EvalContextReply(found=False, code=exc.code, error=exc.message)
-    except Exception as exc:  # noqa: BLE001 - the gate gets a clear refusal, never a hang
+    except Exception as exc:
         if not is_unavailable(exc):
             log.exception("eval context failed for %s/%s v%s", request.tenant, request.adapter, request.version)
         return EvalContextReply(found=False, code="unavailable", error=f"registry unavailable: {type(exc).__name__}")
@@ -54,24 +54,38 @@ async def _context(session: AsyncSession, request: EvalContextRequest) -> EvalCo
         await lifecycle.begin_evaluation(session, vctx)
     base = (await session.exec(select(BaseModelRow).where(BaseModelRow.id == vctx.version.base_model_id))).one()
     active = await _baseline(session, vctx)
-    return EvalContextReply(found=True, status=vctx.version.status, ref=vctx.ref(), base_spec=dict(base.spec),
-                            dataset=await _eval_set(session, vctx), threshold=tenant.eval_threshold,
-                            active_version=active.number if active else None,
-                            active_ref=lifecycle.VersionContext(active, vctx.adapter, vctx.tenant).ref() if active
-                            else None, active_report=active.eval_report if active else None)  # fmt: skip
+    return EvalContextReply(
+        found=True,
+        status=vctx.version.status,
+        ref=vctx.ref(),
+        base_spec=dict(base.spec),
+        dataset=await _eval_set(session, vctx),
+        threshold=tenant.eval_threshold,
+        active_version=active.number if active else None,
+        active_ref=lifecycle.VersionContext(active, vctx.adapter, vctx.tenant).ref() if active else None,
+        active_report=active.eval_report if active else None,
+    )
 
 
 async def _eval_set(session: AsyncSession, vctx: lifecycle.VersionContext) -> DatasetRef | None:
     if vctx.version.dataset_id is not None:
         query = select(Dataset).where(Dataset.id == vctx.version.dataset_id, Dataset.eval_cases > 0)
     else:
-        query = (select(Dataset).where(Dataset.tenant_id == vctx.tenant.id, Dataset.eval_cases > 0)
-                 .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc()))  # fmt: skip
+        query = (
+            select(Dataset)
+            .where(Dataset.tenant_id == vctx.tenant.id, Dataset.eval_cases > 0)
+            .order_by(col(Dataset.created_at).desc(), col(Dataset.id).desc())
+        )
     row = (await session.exec(query)).first()
     if row is None:
         return None
-    return DatasetRef(name=row.name, digest=row.digest, object_key=row.object_key, train_examples=row.train_examples,
-                      eval_cases=row.eval_cases)  # fmt: skip
+    return DatasetRef(
+        name=row.name,
+        digest=row.digest,
+        object_key=row.object_key,
+        train_examples=row.train_examples,
+        eval_cases=row.eval_cases,
+    )
 
 
 async def _baseline(session: AsyncSession, vctx: lifecycle.VersionContext) -> AdapterVersion | None:

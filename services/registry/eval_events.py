@@ -46,8 +46,14 @@ async def apply_verdict(ctx: RegistryContext, result: EvaluationResult) -> Verdi
             elif vctx.version.status not in lifecycle.AWAITING_VERDICT:
                 outcome.refused.append(f"{label} is already {vctx.version.status}")
             else:
-                await lifecycle.record_verdict(session, vctx, passed=result.passed, reason=result.reason,
-                                               report=result.report, eval_event_id=result.event_id)  # fmt: skip
+                await lifecycle.record_verdict(
+                    session,
+                    vctx,
+                    passed=result.passed,
+                    reason=result.reason,
+                    report=result.report,
+                    eval_event_id=result.event_id,
+                )
                 outcome.applied.append(vctx.version.number)
     if not ids:
         outcome.refused.append(f"no version with digest {result.digest[:12]} matches this result")
@@ -62,15 +68,22 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
 
     policy = DeliverPolicy.NEW if ctx.settings.eval_deliver_policy == "new" else DeliverPolicy.ALL
 
-    @broker.subscriber(subjects.EVALUATED, stream=JStream(subjects.EVENTS_STREAM, declare=False),
-                       durable=ctx.settings.eval_durable, deliver_policy=policy, pull_sub=PullSub(batch_size=1),
-                       config=ConsumerConfig(ack_wait=30), ack_policy=AckPolicy.MANUAL)  # fmt: skip
+    @broker.subscriber(
+        subjects.EVALUATED,
+        stream=JStream(subjects.EVENTS_STREAM, declare=False),
+        durable=ctx.settings.eval_durable,
+        deliver_policy=policy,
+        pull_sub=PullSub(batch_size=1),
+        config=ConsumerConfig(ack_wait=30),
+        ack_policy=AckPolicy.MANUAL,
+    )
     async def on_evaluated(msg: NatsMessage) -> None:
         try:
             result = EvaluationResult.model_validate_json(msg.body)
         except ValidationError as exc:
-            await dead_letters.send(subjects.EVALUATED, f"malformed EvaluationResult: {exc.errors()[:1]}",
-                                    msg.body, msg.headers)  # fmt: skip
+            await dead_letters.send(
+                subjects.EVALUATED, f"malformed EvaluationResult: {exc.errors()[:1]}", msg.body, msg.headers
+            )
             await msg.ack()
             return
         try:
@@ -80,11 +93,11 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
                 log.warning("database unavailable; verdict %s will be redelivered", result.event_id)
                 await msg.nack(delay=RETRY_DELAY_S)
                 return
-            await dead_letters.send(subjects.EVALUATED, f"verdict could not be applied: {exc}", msg.body,
-                                    msg.headers)  # fmt: skip
+            await dead_letters.send(subjects.EVALUATED, f"verdict could not be applied: {exc}", msg.body, msg.headers)
             await msg.ack()
             return
         if not outcome.applied and not outcome.repeated:
-            await dead_letters.send(subjects.EVALUATED, "verdict ignored: " + "; ".join(outcome.refused), msg.body,
-                                    msg.headers)  # fmt: skip
+            await dead_letters.send(
+                subjects.EVALUATED, "verdict ignored: " + "; ".join(outcome.refused), msg.body, msg.headers
+            )
         await msg.ack()

@@ -112,4 +112,3 @@ def _bad_value(exc: BaseException) -> BaseException | None:
             return current
         stack += [getattr(current, "orig", None), current.__cause__, current.__context__]
     return None
-

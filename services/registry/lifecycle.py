@@ -78,14 +78,23 @@ class VersionContext:
 
     def ref(self) -> AdapterRef:
         v = self.version
-        return AdapterRef(digest=v.digest, object_key=v.object_key, base_model=v.base_model, rank=v.rank,
-                          size_bytes=v.size_bytes)  # fmt: skip
+        return AdapterRef(
+            digest=v.digest, object_key=v.object_key, base_model=v.base_model, rank=v.rank, size_bytes=v.size_bytes
+        )
 
     def event(self, kind: AdapterEventKind, detail: str = "", alias: str | None = None) -> AdapterEvent:
         v = self.version
-        return AdapterEvent(kind=kind, tenant=self.tenant.name, adapter=self.adapter.name, digest=v.digest,
-                            alias=alias, base_model=v.base_model, detail=detail, version=v.number,
-                            ref=self.ref())  # fmt: skip
+        return AdapterEvent(
+            kind=kind,
+            tenant=self.tenant.name,
+            adapter=self.adapter.name,
+            digest=v.digest,
+            alias=alias,
+            base_model=v.base_model,
+            detail=detail,
+            version=v.number,
+            ref=self.ref(),
+        )
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,11 @@ class Override:
 
 async def load_version(session: AsyncSession, version_id: int, *, lock: bool = True) -> VersionContext:
     """Load (and by default lock: transitions of one adapter serialise) a version with its parents."""
-    adapter_query = select(Adapter).join(AdapterVersion, col(AdapterVersion.adapter_id) == col(Adapter.id)).where(
-        AdapterVersion.id == version_id)
+    adapter_query = (
+        select(Adapter)
+        .join(AdapterVersion, col(AdapterVersion.adapter_id) == col(Adapter.id))
+        .where(AdapterVersion.id == version_id)
+    )
     version_query = select(AdapterVersion).where(AdapterVersion.id == version_id)
     if lock:
         adapter_query, version_query = adapter_query.with_for_update(of=Adapter), version_query.with_for_update()
@@ -132,8 +144,9 @@ async def reject(session: AsyncSession, ctx: VersionContext, reason: str, report
     enqueue(session, ctx.event(AdapterEventKind.REJECTED, detail=ctx.version.status_reason))
 
 
-async def activate(session: AsyncSession, ctx: VersionContext, *, report: dict | None = None,
-                   override: Override | None = None) -> None:  # fmt: skip
+async def activate(
+    session: AsyncSession, ctx: VersionContext, *, report: dict | None = None, override: Override | None = None
+) -> None:
     check_transition(ctx.version.status, S.ACTIVE, override=override is not None)
     detail = "evaluation passed"
     if override is not None:
@@ -150,8 +163,10 @@ async def activate(session: AsyncSession, ctx: VersionContext, *, report: dict |
 
 async def retire(session: AsyncSession, ctx: VersionContext, reason: str = "") -> None:
     if ctx.adapter.current_version_id == ctx.version.id:
-        raise TransitionRefused(f"version {ctx.version.number} of {ctx.adapter.name} is what its aliases serve; "
-                                f"roll back or activate another version before retiring it")  # fmt: skip
+        raise TransitionRefused(
+            f"version {ctx.version.number} of {ctx.adapter.name} is what its aliases serve; "
+            f"roll back or activate another version before retiring it"
+        )
     check_transition(ctx.version.status, S.RETIRED)
     _move(ctx, S.RETIRED, reason or "retired")
     enqueue(session, ctx.event(AdapterEventKind.RETIRED, detail=ctx.version.status_reason))
@@ -164,17 +179,26 @@ async def request_evaluation(session: AsyncSession, ctx: VersionContext, request
     """Ask the eval gate to (re-)evaluate this version: an `eval_requested` event it consumes."""
     status = ctx.version.status
     if status not in REEVALUATE_FROM:
-        raise TransitionRefused(f"version {ctx.version.number} is {status}; only pending, evaluating or rejected "
-                                f"versions are (re-)evaluated - push a new version instead")  # fmt: skip
+        raise TransitionRefused(
+            f"version {ctx.version.number} is {status}; only pending, evaluating or rejected "
+            f"versions are (re-)evaluated - push a new version instead"
+        )
     if status != S.PENDING:
         _move(ctx, S.PENDING, f"re-evaluation requested by {requested_by}")
     ctx.version.eval_event_id = None
-    enqueue(session, ctx.event(AdapterEventKind.EVAL_REQUESTED, detail=f"requested by {requested_by}",
-                               alias=f"{ctx.adapter.name}-v{ctx.version.number}"))  # fmt: skip
+    enqueue(
+        session,
+        ctx.event(
+            AdapterEventKind.EVAL_REQUESTED,
+            detail=f"requested by {requested_by}",
+            alias=f"{ctx.adapter.name}-v{ctx.version.number}",
+        ),
+    )
 
 
-async def record_verdict(session: AsyncSession, ctx: VersionContext, *, passed: bool, reason: str, report: dict,
-                         eval_event_id: str) -> None:  # fmt: skip
+async def record_verdict(
+    session: AsyncSession, ctx: VersionContext, *, passed: bool, reason: str, report: dict, eval_event_id: str
+) -> None:
     """An evaluation result. A verdict may arrive for a version nobody marked `evaluating` (the gate
     does not have to announce that it started); then both steps are recorded, in order."""
     if ctx.version.status == S.PENDING:
@@ -189,8 +213,9 @@ async def record_verdict(session: AsyncSession, ctx: VersionContext, *, passed: 
 async def point_follow_aliases(session: AsyncSession, ctx: VersionContext, reason: str) -> None:
     """Make the adapter's follow-aliases serve ctx.version; one alias_moved event per alias."""
     if ctx.version.status != S.ACTIVE:
-        raise TransitionRefused(f"aliases can only point at an active version; version {ctx.version.number} "
-                                f"is {ctx.version.status}")  # fmt: skip
+        raise TransitionRefused(
+            f"aliases can only point at an active version; version {ctx.version.number} is {ctx.version.status}"
+        )
     ctx.adapter.current_version_id = ctx.version.id
     session.add(ctx.adapter)
     follow = select(Alias.name).where(Alias.adapter_id == ctx.adapter.id, Alias.kind == AliasKind.FOLLOW)

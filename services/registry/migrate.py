@@ -31,7 +31,7 @@ def run(settings: RegistrySettings, wait_s: float) -> int:
         ):
             with attempt:
                 upgrade_head(dsn)
-    except Exception as exc:  # noqa: BLE001 - one line for the Job's log, the status says the rest
+    except Exception as exc:
         what = "PostgreSQL unreachable" if is_unavailable(exc) else "migration failed"
         log.error("%s after %.0fs: %s: %s", what, wait_s, type(exc).__name__, exc)
         return 1

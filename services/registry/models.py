@@ -121,9 +121,12 @@ class Adapter(SQLModel, table=True):
     # with adapter_versions, hence the separately named constraint.
     current_version_id: int | None = Field(
         default=None,
-        sa_column=Column(Integer, ForeignKey("adapter_versions.id", use_alter=True,
-                                             name="fk_adapters_current_version"), nullable=True),
-    )  # fmt: skip
+        sa_column=Column(
+            Integer,
+            ForeignKey("adapter_versions.id", use_alter=True, name="fk_adapters_current_version"),
+            nullable=True,
+        ),
+    )
     created_at: datetime = _ts()
 
 
@@ -253,9 +256,7 @@ class OutboxEvent(SQLModel, table=True):
     with Nats-Msg-Id = event_id, so a re-publish after a crash is de-duplicated by JetStream."""
 
     __tablename__ = "outbox"
-    __table_args__ = (
-        Index("ix_outbox_unpublished", "seq", postgresql_where=text("published_at IS NULL")),
-    )
+    __table_args__ = (Index("ix_outbox_unpublished", "seq", postgresql_where=text("published_at IS NULL")),)
 
     seq: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True))
     event_id: str = Field(max_length=64, unique=True)

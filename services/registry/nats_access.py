@@ -66,9 +66,14 @@ class NatsAccess:
         log.info("answering NATS auth callout for tenant connections")
 
     async def _connect(self, role: str):
-        return await nats.connect(servers=self.connections.nats_servers, name=f"lpx-registry-{role}",
-                                  max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                                  **self.connections.nats_auth(role), **quiet_callbacks(f"NATS ({role})"))  # fmt: skip
+        return await nats.connect(
+            servers=self.connections.nats_servers,
+            name=f"lpx-registry-{role}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            **self.connections.nats_auth(role),
+            **quiet_callbacks(f"NATS ({role})"),
+        )
 
     async def stop(self) -> None:
         for nc in (self.callout_nc, self.system_nc):
@@ -101,7 +106,7 @@ class NatsAccess:
             answer = {"error": exc.message}
             self.answered["refused"] += 1
             log.warning("NATS connection refused: %s", exc.message, extra={"user": opts.get("user", "")[:80]})
-        except Exception as exc:  # noqa: BLE001 - PostgreSQL away: refuse this one, the client retries
+        except Exception as exc:
             answer = {"error": "the registry cannot check credentials right now"}
             log.warning("NATS connection refused: credentials unavailable (%s)", type(exc).__name__)
         claims = {
@@ -126,9 +131,16 @@ class NatsAccess:
             "aud": permissions.ACCOUNT,  # placement: the account the platform's streams live in
             "name": connection_name(tenant, key_id),
             "exp": int(time.time()) + self.session_s,
-            "nats": {"pub": {"allow": allowed.publish}, "sub": {"allow": allowed.subscribe},
-                     "subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2},
-        }  # fmt: skip
+            "nats": {
+                "pub": {"allow": allowed.publish},
+                "sub": {"allow": allowed.subscribe},
+                "subs": -1,
+                "data": -1,
+                "payload": -1,
+                "type": "user",
+                "version": 2,
+            },
+        }
         return jwt.encode(claims, self.issuer)
 
     # --- revocation ------------------------------------------------------------------------------
@@ -141,8 +153,9 @@ class NatsAccess:
         kicked = 0
         for server_id, cid in found:
             with contextlib.suppress(Exception):
-                await self.system_nc.request(f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(),
-                                             timeout=1.0)  # fmt: skip
+                await self.system_nc.request(
+                    f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(), timeout=1.0
+                )
                 kicked += 1
         log.info("revoked NATS credential disconnected", extra={"tenant": tenant, "key_id": key_id, "kicked": kicked})
         return kicked

@@ -41,8 +41,14 @@ def enqueue_message(session: AsyncSession, subject: str, message, message_id: st
 
 
 class OutboxRelay:
-    def __init__(self, sessions: Sessions, publish: Publish, poll_s: float = 0.5, batch: int = 100,
-                 after_publish: Callable[[OutboxEvent], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sessions: Sessions,
+        publish: Publish,
+        poll_s: float = 0.5,
+        batch: int = 100,
+        after_publish: Callable[[OutboxEvent], None] | None = None,
+    ) -> None:
         self.sessions = sessions
         self.publish = publish
         self.poll_s = poll_s
@@ -71,7 +77,7 @@ class OutboxRelay:
                     state.ok()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - the relay must outlive database and NATS outages
+            except Exception as exc:
                 state.failed(exc)  # one line per outage, not one per retry
                 published = 0
                 await asyncio.sleep(backoff)
@@ -90,8 +96,13 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish one batch of unpublished events in order; returns how many went out."""
         async with transaction(self.sessions) as session:
-            query = (select(OutboxEvent).where(col(OutboxEvent.published_at).is_(None)).order_by(col(OutboxEvent.seq))
-                     .limit(self.batch).with_for_update(skip_locked=True))  # fmt: skip
+            query = (
+                select(OutboxEvent)
+                .where(col(OutboxEvent.published_at).is_(None))
+                .order_by(col(OutboxEvent.seq))
+                .limit(self.batch)
+                .with_for_update(skip_locked=True)
+            )
             rows = list((await session.exec(query)).all())
             sent = 0
             self.publish_error = None
@@ -99,7 +110,7 @@ class OutboxRelay:
                 row.attempts += 1
                 try:
                     await self.publish(row.subject, row.payload, row.event_id)
-                except Exception as exc:  # noqa: BLE001 - keep order: stop here, mark what went out
+                except Exception as exc:
                     row.last_error = f"{type(exc).__name__}: {exc}"[:500]
                     self.publish_error = row.last_error
                     log.debug("outbox relay: publish of %s failed: %s", row.event_id, row.last_error)
@@ -124,8 +135,9 @@ def jetstream_publisher(broker, timeout_s: float = 5.0) -> Publish:
 
     async def publish(subject: str, payload: str, event_id: str) -> None:
         stream = subjects.stream_of(subject)
-        ack = await broker.publish(json.loads(payload), subject, headers={MSG_ID_HEADER: event_id}, stream=stream,
-                                   timeout=timeout_s)  # fmt: skip
+        ack = await broker.publish(
+            json.loads(payload), subject, headers={MSG_ID_HEADER: event_id}, stream=stream, timeout=timeout_s
+        )
         if ack is not None and getattr(ack, "duplicate", False):
             log.info("outbox relay: %s was already in %s (de-duplicated re-publish)", event_id, stream)
 

@@ -35,7 +35,7 @@ async def resolve_request(ctx: RegistryContext, request: ResolveRequest) -> Reso
             resolved = await aliases.resolve(session, request.tenant, request.alias)
     except RegistryError as exc:
         return ResolveReply(found=False, error=exc.message, code=_reply_code(exc))
-    except Exception as exc:  # noqa: BLE001 - the caller gets a clear refusal, never a hang
+    except Exception as exc:
         if not is_unavailable(exc):
             log.exception("resolve failed for %s/%s", request.tenant, request.alias)
         return ResolveReply(found=False, error=f"registry unavailable: {type(exc).__name__}", code="unavailable")
@@ -51,11 +51,14 @@ async def auth_request(ctx: RegistryContext, request: TenantAuthRequest) -> Tena
     try:
         async with ctx.sessions() as session:
             tenant = await tenants.authenticate(session, parsed.tenant, request.api_key)
-            names = [a.name for a in await aliases.list_aliases(session, tenant)
-                     if a.version is not None and await _servable(session, tenant.name, a.name)]
+            names = [
+                a.name
+                for a in await aliases.list_aliases(session, tenant)
+                if a.version is not None and await _servable(session, tenant.name, a.name)
+            ]
     except RegistryError as exc:
         return TenantAuthReply(ok=False, error=exc.message, code=_reply_code(exc))
-    except Exception as exc:  # noqa: BLE001 - the caller gets a clear refusal, never a hang
+    except Exception as exc:
         if not is_unavailable(exc):
             log.exception("auth failed for tenant %s", parsed.tenant)
         return TenantAuthReply(ok=False, error=f"registry unavailable: {type(exc).__name__}", code="unavailable")

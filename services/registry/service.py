@@ -27,8 +27,9 @@ SWEEP_EVERY_S = 600.0
 
 
 class RegistryService:
-    def __init__(self, settings: RegistrySettings, hooks: FaultHooks | None = None, telemetry=None,
-                 start_timeout_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self, settings: RegistrySettings, hooks: FaultHooks | None = None, telemetry=None, start_timeout_s: float = 60.0
+    ) -> None:
         self.settings = settings
         self.hooks = hooks or FaultHooks()
         self.telemetry = telemetry
@@ -49,11 +50,14 @@ class RegistryService:
             async with transaction(self.ctx.sessions) as session:
                 await seed_catalog(session)
         await self._start_broker()
-        self.relay = OutboxRelay(self.ctx.sessions, jetstream_publisher(self.broker), self.settings.outbox_poll_s,
-                                 self.settings.outbox_batch)  # fmt: skip
+        self.relay = OutboxRelay(
+            self.ctx.sessions, jetstream_publisher(self.broker), self.settings.outbox_poll_s, self.settings.outbox_batch
+        )
         self.ctx.wake_relay = self.relay.wake
-        self._tasks = [asyncio.create_task(self.relay.run(), name="outbox-relay"),
-                       asyncio.create_task(self._sweep_periodically(), name="orphan-sweeper")]  # fmt: skip
+        self._tasks = [
+            asyncio.create_task(self.relay.run(), name="outbox-relay"),
+            asyncio.create_task(self._sweep_periodically(), name="orphan-sweeper"),
+        ]
         log.info("registry started")
         return self.ctx
 
@@ -63,9 +67,12 @@ class RegistryService:
 
     async def _until_reachable(self, step) -> None:
         """Start-up waits for PostgreSQL (compose starts everything at once) instead of crashing."""
-        async for attempt in AsyncRetrying(retry=retry_if_exception(is_unavailable), reraise=True,
-                                           stop=stop_after_delay(self.start_timeout_s),
-                                           wait=wait_exponential(multiplier=0.2, max=3)):  # fmt: skip
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_unavailable),
+            reraise=True,
+            stop=stop_after_delay(self.start_timeout_s),
+            wait=wait_exponential(multiplier=0.2, max=3),
+        ):
             with attempt:
                 await step()
 
@@ -74,10 +81,13 @@ class RegistryService:
         # The link reports the broker connection's state changes and re-provisions the streams after a
         # reconnect (the outbox relay publishes into them).
         self.link = BrokerLink(self.settings.connections, "registry")
-        self.broker = make_broker(self.settings.connections.nats_url, "registry",
-                                  tracer_provider=telemetry.tracer_provider if telemetry else None,
-                                  meter_provider=telemetry.meter_provider if telemetry else None,
-                                  **self.link.callbacks())  # fmt: skip
+        self.broker = make_broker(
+            self.settings.connections.nats_url,
+            "registry",
+            tracer_provider=telemetry.tracer_provider if telemetry else None,
+            meter_provider=telemetry.meter_provider if telemetry else None,
+            **self.link.callbacks(),
+        )
         dead_letters = DeadLetters(self.broker)
         resolver.register(self.broker, self.ctx, dead_letters)
         eval_events.register(self.broker, self.ctx, dead_letters)
@@ -94,7 +104,7 @@ class RegistryService:
                 await orphans.sweep_orphans(self.ctx)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a failed sweep is retried next round
+            except Exception as exc:
                 log.warning("orphan sweep failed: %s", exc)
             await asyncio.sleep(SWEEP_EVERY_S)
 
@@ -105,7 +115,7 @@ class RegistryService:
             async with self.ctx.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
             checks["database"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
+        except Exception as exc:
             checks["database"] = f"unavailable: {type(exc).__name__}"
         connection = getattr(self.broker.config.connection_state, "connection", None) if self.broker else None
         checks["nats"] = "ok" if connection is not None and connection.is_connected else "unavailable"

@@ -40,9 +40,7 @@ async def list_tenants(session: AsyncSession) -> list[Tenant]:
     return list((await session.exec(select(Tenant).order_by(Tenant.name))).all())
 
 
-async def authenticate(
-    session: AsyncSession, tenant_name: str, api_key: str, kind: str = keys.INFERENCE
-) -> Tenant:
+async def authenticate(session: AsyncSession, tenant_name: str, api_key: str, kind: str = keys.INFERENCE) -> Tenant:
     """The tenant `api_key` belongs to, provided it is `tenant_name`'s live key of `kind`; Unauthorized
     otherwise (a NATS credential is never an API key, nor the reverse). Every failure gives the same
     message, so a caller learns nothing about which part was wrong."""

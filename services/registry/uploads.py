@@ -24,8 +24,11 @@ def spooled_upload(files: Sequence[UploadFile], max_bytes: int) -> Iterator[Path
     names = [check_upload_file_name(upload.filename or "") for upload in files]
     pickled = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
     if pickled:  # refused by name, before a single byte of them is stored
-        raise Invalid(f"pickled weight files are refused (never unpickled): {', '.join(pickled)}; save the adapter "
-                      f"with safetensors (PEFT's default)", code="bad_layout")  # fmt: skip
+        raise Invalid(
+            f"pickled weight files are refused (never unpickled): {', '.join(pickled)}; save the adapter "
+            f"with safetensors (PEFT's default)",
+            code="bad_layout",
+        )
     directory = Path(tempfile.mkdtemp(prefix="lpx-push-"))
     try:
         total = 0

@@ -153,6 +153,7 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
                 log.warning("database unavailable; usage of %s will be counted on redelivery", result.request_id)
                 await msg.nack(delay=RETRY_DELAY_S)
                 return
-            await dead_letters.send(msg.raw_message.subject, f"usage could not be recorded: {exc}", msg.body,
-                                    msg.headers)  # fmt: skip
+            await dead_letters.send(
+                msg.raw_message.subject, f"usage could not be recorded: {exc}", msg.body, msg.headers
+            )
         await msg.ack()

@@ -23,15 +23,21 @@ UPLOAD_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 def check_name(kind: str, value: str) -> str:
     """Tenant, adapter, alias, base and dataset names: lowercase letters, digits and '-', 1-63 chars."""
     if not isinstance(value, str) or not NAME.fullmatch(value):
-        raise Invalid(f"invalid {kind} name {value!r}: use 1-63 lowercase letters, digits and '-', starting "
-                      f"with a letter or digit (no '/', '.', spaces or control characters)", code="bad_name")
+        raise Invalid(
+            f"invalid {kind} name {value!r}: use 1-63 lowercase letters, digits and '-', starting "
+            f"with a letter or digit (no '/', '.', spaces or control characters)",
+            code="bad_name",
+        )
     return value
 
 
 def check_base_name(value: str) -> str:
     if not isinstance(value, str) or not BASE_NAME.fullmatch(value) or ".." in value:
-        raise Invalid(f"invalid base model name {value!r}: use 1-63 lowercase letters, digits, '-' and '.', "
-                      f"starting with a letter or digit", code="bad_name")  # fmt: skip
+        raise Invalid(
+            f"invalid base model name {value!r}: use 1-63 lowercase letters, digits, '-' and '.', "
+            f"starting with a letter or digit",
+            code="bad_name",
+        )
     return value
 
 
@@ -39,8 +45,10 @@ def check_adapter_name(value: str) -> str:
     check_name("adapter", value)
     if PINNED_SUFFIX.fullmatch(value):
         # `<adapter>-v<N>` is the pinned alias of version N; an adapter of that name would be ambiguous.
-        raise Invalid(f"invalid adapter name {value!r}: names ending in -v<number> are reserved for pinned "
-                      f"version aliases", code="bad_name")  # fmt: skip
+        raise Invalid(
+            f"invalid adapter name {value!r}: names ending in -v<number> are reserved for pinned version aliases",
+            code="bad_name",
+        )
     return value
 
 
@@ -66,8 +74,9 @@ def check_base_match(files: AdapterFiles, spec: BaseModelSpec) -> None:
     accepted = {spec.name.lower(), spec.source.split(":", 1)[-1].lower()} - {""}
     candidates = {declared.lower(), Path(declared).name.lower()}
     if not accepted & candidates:
-        raise Invalid(f"adapter was trained for base {declared!r} but is pushed for base {spec.name!r}",
-                      code="base_mismatch")
+        raise Invalid(
+            f"adapter was trained for base {declared!r} but is pushed for base {spec.name!r}", code="base_mismatch"
+        )
 
 
 def validate_upload(directory: Path, spec: BaseModelSpec, policy: Policy, max_bytes: int) -> AdapterFiles:

@@ -58,9 +58,16 @@ class PushResult:
     created: bool  # False: the same content was already this adapter's version (idempotent push)
 
 
-async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_model: str,
-                       directory: Path, dataset: str | None = None,
-                       migration_item: int | None = None) -> PushResult:  # fmt: skip
+async def push_version(
+    ctx: RegistryContext,
+    *,
+    tenant: str,
+    adapter: str,
+    base_model: str,
+    directory: Path,
+    dataset: str | None = None,
+    migration_item: int | None = None,
+) -> PushResult:
     """`dataset` names the tenant's dataset the adapter was trained from (its eval split is what the
     eval gate evaluates); it must exist. `migration_item` links the version to the base-model
     migration item it was trained for."""
@@ -71,8 +78,9 @@ async def push_version(ctx: RegistryContext, *, tenant: str, adapter: str, base_
         row_tenant = await aliases.get_tenant(session, tenant)
         spec = spec_from_row(await get_base(session, base_model))
         dataset_id = await _dataset_id(session, row_tenant, dataset) if dataset else None
-    files = await asyncio.to_thread(validate_upload, directory, spec, ctx.settings.policy(),
-                                    ctx.settings.max_adapter_bytes)  # fmt: skip
+    files = await asyncio.to_thread(
+        validate_upload, directory, spec, ctx.settings.policy(), ctx.settings.max_adapter_bytes
+    )
     async with digest_lock(ctx.engine, files.digest) as lock:
         existing = await _existing_version_id(ctx, tenant, adapter, files.digest)
         if existing is not None:
@@ -108,9 +116,12 @@ def _has_object(ctx: RegistryContext, digest: str) -> bool:
 
 async def _existing_version_id(ctx: RegistryContext, tenant: str, adapter: str, digest: str) -> int | None:
     async with ctx.sessions() as session:
-        query = (select(AdapterVersion.id).join(Adapter, col(AdapterVersion.adapter_id) == col(Adapter.id))
-                 .join(Tenant, col(Adapter.tenant_id) == col(Tenant.id))
-                 .where(Tenant.name == tenant, Adapter.name == adapter, AdapterVersion.digest == digest))  # fmt: skip
+        query = (
+            select(AdapterVersion.id)
+            .join(Adapter, col(AdapterVersion.adapter_id) == col(Adapter.id))
+            .join(Tenant, col(Adapter.tenant_id) == col(Tenant.id))
+            .where(Tenant.name == tenant, Adapter.name == adapter, AdapterVersion.digest == digest)
+        )
         return (await session.exec(query)).first()
 
 
@@ -128,29 +139,50 @@ async def _dataset_id(session: AsyncSession, tenant: Tenant, name: str) -> int:
     return found
 
 
-async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: str, base_name: str,
-                          files: AdapterFiles, dataset_id: int | None = None,
-                          migration_item: int | None = None) -> int:  # fmt: skip
+async def _insert_version(
+    ctx: RegistryContext,
+    tenant_name: str,
+    adapter_name: str,
+    base_name: str,
+    files: AdapterFiles,
+    dataset_id: int | None = None,
+    migration_item: int | None = None,
+) -> int:
     async with transaction(ctx.sessions) as session:
         tenant = await aliases.get_tenant(session, tenant_name)
         base = await get_base(session, base_name)
         adapter = await _adapter_for_update(session, tenant, adapter_name)
         adapter.latest_number += 1
         version = AdapterVersion(
-            adapter_id=adapter.id, number=adapter.latest_number, digest=files.digest, base_model_id=base.id,
-            base_model=base.name, rank=files.rank, alpha=files.alpha, target_modules=files.target_modules,
-            dtype=canonical_dtype(next(iter(files.dtypes))), size_bytes=files.size_bytes,
-            object_key=adapter_prefix(files.digest), file_digests=files.file_digests, status=VersionStatus.PENDING,
+            adapter_id=adapter.id,
+            number=adapter.latest_number,
+            digest=files.digest,
+            base_model_id=base.id,
+            base_model=base.name,
+            rank=files.rank,
+            alpha=files.alpha,
+            target_modules=files.target_modules,
+            dtype=canonical_dtype(next(iter(files.dtypes))),
+            size_bytes=files.size_bytes,
+            object_key=adapter_prefix(files.digest),
+            file_digests=files.file_digests,
+            status=VersionStatus.PENDING,
             dataset_id=dataset_id,
-        )  # fmt: skip
+        )
         session.add_all([adapter, version])
         await session.flush()
         await aliases.add_pinned(session, tenant, adapter, version)
         if migration_item is not None:
             await base_migrations.link_version(session, migration_item, version, tenant)
         event_ctx = lifecycle.VersionContext(version, adapter, tenant)
-        enqueue(session, event_ctx.event(AdapterEventKind.REGISTERED, detail="pushed; awaiting evaluation",
-                                         alias=aliases.pinned_name(adapter.name, version.number)))  # fmt: skip
+        enqueue(
+            session,
+            event_ctx.event(
+                AdapterEventKind.REGISTERED,
+                detail="pushed; awaiting evaluation",
+                alias=aliases.pinned_name(adapter.name, version.number),
+            ),
+        )
         await session.flush()
         ctx.hooks.fire("before_commit")
         return version.id
@@ -159,9 +191,14 @@ async def _insert_version(ctx: RegistryContext, tenant_name: str, adapter_name: 
 async def _adapter_for_update(session: AsyncSession, tenant: Tenant, name: str) -> Adapter:
     """The adapter row, locked; created (with its default follow-alias) by whichever concurrent push
     gets there first."""
-    created = (await session.execute(
-        insert(Adapter).values(tenant_id=tenant.id, name=name, latest_number=0, created_at=utcnow())
-        .on_conflict_do_nothing(constraint="uq_adapters_tenant_name").returning(Adapter.id))).first()  # fmt: skip
+    created = (
+        await session.execute(
+            insert(Adapter)
+            .values(tenant_id=tenant.id, name=name, latest_number=0, created_at=utcnow())
+            .on_conflict_do_nothing(constraint="uq_adapters_tenant_name")
+            .returning(Adapter.id)
+        )
+    ).first()
     adapter = await aliases.get_adapter(session, tenant, name, lock=True)
     if created is not None:
         session.add(Alias(tenant_id=tenant.id, name=name, kind=AliasKind.FOLLOW, adapter_id=adapter.id))
@@ -176,7 +213,7 @@ async def _discard_object(ctx: RegistryContext, lock, digest: str, created_objec
         query = text("SELECT count(*) FROM adapter_versions WHERE digest = :d")
         referenced = (await lock.execute(query, {"d": digest})).scalar_one()
         await lock.commit()
-    except Exception as exc:  # noqa: BLE001 - cannot prove it is safe: leave it to the sweeper
+    except Exception as exc:
         log.warning("left object %s for the orphan sweeper: %s", digest[:12], exc)
         return
     if not referenced:
@@ -187,14 +224,29 @@ async def _discard_object(ctx: RegistryContext, lock, digest: str, created_objec
 def to_public(vctx: lifecycle.VersionContext) -> VersionPublic:
     v = vctx.version
     return VersionPublic(
-        tenant=vctx.tenant.name, adapter=vctx.adapter.name, number=v.number,
-        alias=aliases.pinned_name(vctx.adapter.name, v.number), digest=v.digest, base_model=v.base_model,
-        rank=v.rank, alpha=v.alpha, target_modules=list(v.target_modules), dtype=v.dtype, size_bytes=v.size_bytes,
-        object_key=v.object_key, dataset=vctx.dataset_name, status=v.status, status_reason=v.status_reason,
-        current=vctx.adapter.current_version_id == v.id, eval_report=v.eval_report, override_by=v.override_by,
-        override_reason=v.override_reason, override_at=v.override_at, created_at=v.created_at,
+        tenant=vctx.tenant.name,
+        adapter=vctx.adapter.name,
+        number=v.number,
+        alias=aliases.pinned_name(vctx.adapter.name, v.number),
+        digest=v.digest,
+        base_model=v.base_model,
+        rank=v.rank,
+        alpha=v.alpha,
+        target_modules=list(v.target_modules),
+        dtype=v.dtype,
+        size_bytes=v.size_bytes,
+        object_key=v.object_key,
+        dataset=vctx.dataset_name,
+        status=v.status,
+        status_reason=v.status_reason,
+        current=vctx.adapter.current_version_id == v.id,
+        eval_report=v.eval_report,
+        override_by=v.override_by,
+        override_reason=v.override_reason,
+        override_at=v.override_at,
+        created_at=v.created_at,
         status_changed_at=v.status_changed_at,
-    )  # fmt: skip
+    )
 
 
 async def show_version(ctx: RegistryContext, version_id: int) -> VersionPublic:
@@ -215,8 +267,11 @@ async def show_alias(session: AsyncSession, tenant_name: str, alias_name: str) -
 async def history(session: AsyncSession, tenant_name: str, adapter_name: str) -> list[VersionPublic]:
     tenant = await aliases.get_tenant(session, tenant_name)
     adapter = await aliases.get_adapter(session, tenant, adapter_name)
-    rows = (await session.exec(select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id)
-                               .order_by(col(AdapterVersion.number)))).all()  # fmt: skip
+    rows = (
+        await session.exec(
+            select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id).order_by(col(AdapterVersion.number))
+        )
+    ).all()
     names = dict((await session.exec(select(Dataset.id, Dataset.name).where(Dataset.tenant_id == tenant.id))).all())
     return [to_public(lifecycle.VersionContext(v, adapter, tenant, names.get(v.dataset_id))) for v in rows]
 
@@ -259,8 +314,9 @@ async def list_adapters(session: AsyncSession, tenant_name: str | None = None) -
     return result
 
 
-async def find_versions(session: AsyncSession, digest: str, tenant: str | None = None, adapter: str | None = None,
-                        number: int | None = None) -> list[int]:  # fmt: skip
+async def find_versions(
+    session: AsyncSession, digest: str, tenant: str | None = None, adapter: str | None = None, number: int | None = None
+) -> list[int]:
     """Version ids with this digest, optionally narrowed to one tenant/adapter/number."""
     query = (
         select(AdapterVersion.id)

@@ -76,11 +76,17 @@ class Trainer:
         self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await self.js.key_value(subjects.TRAIN_LEDGER_BUCKET)
-        config = ConsumerConfig(durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=s.ack_wait_s,
-                                max_deliver=-1, filter_subject=subjects.TRAIN_JOBS)  # fmt: skip
+        config = ConsumerConfig(
+            durable_name=s.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=s.ack_wait_s,
+            max_deliver=-1,
+            filter_subject=subjects.TRAIN_JOBS,
+        )
         self.link.add_consumer(subjects.TRAIN_STREAM, config)
-        self.sub = await self.js.pull_subscribe(subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM,
-                                                config=config)  # fmt: skip
+        self.sub = await self.js.pull_subscribe(
+            subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM, config=config
+        )
         self._loop_task = asyncio.create_task(
             serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull"
         )
@@ -157,10 +163,18 @@ class Trainer:
             if job.migration_id and job.migration_item is not None:
                 await self.registry.fail_item(job.migration_id, job.migration_item, str(exc))
             return self._event(job, TrainStage.FAILED, done=True, error=str(exc))
-        log.info("job %s: pushed %s/%s v%s (base %s)", job.job_id, job.tenant, job.adapter, version["number"],
-                 job.base_model)  # fmt: skip
-        return self._event(job, TrainStage.PUSHED, done=True, step=job.steps, total_steps=job.steps,
-                           version=version["number"], digest=version["digest"])  # fmt: skip
+        log.info(
+            "job %s: pushed %s/%s v%s (base %s)", job.job_id, job.tenant, job.adapter, version["number"], job.base_model
+        )
+        return self._event(
+            job,
+            TrainStage.PUSHED,
+            done=True,
+            step=job.steps,
+            total_steps=job.steps,
+            version=version["number"],
+            digest=version["digest"],
+        )
 
     async def _train_and_push(self, job: TrainJob) -> dict:
         base_path = self.settings.base_path(job.base_model)
@@ -172,9 +186,14 @@ class Trainer:
             await self._progress(self._event(job, TrainStage.STARTED, total_steps=job.steps))
             await self._train(job, base_path, examples, out_dir)
         try:
-            return await self.registry.push(tenant=job.tenant, adapter=job.adapter, base_model=job.base_model,
-                                            directory=out_dir, dataset=job.dataset.name,
-                                            migration_item=job.migration_item)  # fmt: skip
+            return await self.registry.push(
+                tenant=job.tenant,
+                adapter=job.adapter,
+                base_model=job.base_model,
+                directory=out_dir,
+                dataset=job.dataset.name,
+                migration_item=job.migration_item,
+            )
         except RegistryRefused as exc:
             if exc.status >= 500:
                 raise
@@ -190,9 +209,16 @@ class Trainer:
 
     async def _train(self, job: TrainJob, base_path, examples: list[dict], out_dir) -> None:
         loop = asyncio.get_running_loop()
-        recipe = LoraRecipe(rank=job.rank, alpha=job.alpha, target_modules=tuple(job.target_modules or DEFAULT_TARGETS),
-                            steps=job.steps, batch_size=job.batch_size, learning_rate=job.learning_rate,
-                            seed=job.seed, max_length=self.settings.max_length)  # fmt: skip
+        recipe = LoraRecipe(
+            rank=job.rank,
+            alpha=job.alpha,
+            target_modules=tuple(job.target_modules or DEFAULT_TARGETS),
+            steps=job.steps,
+            batch_size=job.batch_size,
+            learning_rate=job.learning_rate,
+            seed=job.seed,
+            max_length=self.settings.max_length,
+        )
 
         def on_step(step: int, total: int, loss: float) -> None:  # called in the training thread
             self.metrics.steps.add(1)
@@ -201,22 +227,40 @@ class Trainer:
 
         staging = out_dir.with_name("adapter.partial")
         shutil.rmtree(staging, ignore_errors=True)
-        log.info("training %s/%s on %s (%d examples, %d steps, rank %d)", job.tenant, job.adapter, job.base_model,
-                 len(examples), job.steps, job.rank)  # fmt: skip
-        _, losses = await asyncio.to_thread(train_adapter, base_path, examples, staging, recipe, on_step,
-                                            self.settings.device)  # fmt: skip
+        log.info(
+            "training %s/%s on %s (%d examples, %d steps, rank %d)",
+            job.tenant,
+            job.adapter,
+            job.base_model,
+            len(examples),
+            job.steps,
+            job.rank,
+        )
+        _, losses = await asyncio.to_thread(
+            train_adapter, base_path, examples, staging, recipe, on_step, self.settings.device
+        )
         self.metrics.loss.record(losses[-1])
         staging.rename(out_dir)
 
     def _event(self, job: TrainJob, stage: TrainStage, **fields) -> TrainProgress:
-        return TrainProgress(job_id=job.job_id, tenant=job.tenant, adapter=job.adapter, stage=stage,
-                             trainer_id=self.settings.trainer_id, **fields)  # fmt: skip
+        return TrainProgress(
+            job_id=job.job_id,
+            tenant=job.tenant,
+            adapter=job.adapter,
+            stage=stage,
+            trainer_id=self.settings.trainer_id,
+            **fields,
+        )
 
     async def _progress(self, event: TrainProgress) -> None:
         try:
-            await self.js.publish(subjects.train_progress(event.job_id), event.model_dump_json().encode(),
-                                  stream=subjects.TRAIN_PROGRESS_STREAM, timeout=5)  # fmt: skip
-        except Exception:  # noqa: BLE001 - progress is informational; the job goes on
+            await self.js.publish(
+                subjects.train_progress(event.job_id),
+                event.model_dump_json().encode(),
+                stream=subjects.TRAIN_PROGRESS_STREAM,
+                timeout=5,
+            )
+        except Exception:
             log.warning("could not publish progress for %s", event.job_id)
 
 

@@ -23,7 +23,7 @@ class TrainerMetrics:
             duration=meter.create_histogram("lpx_trainer_job_seconds", unit="s", description="time per job"),
             steps=meter.create_counter("lpx_trainer_steps", description="optimizer steps taken"),
             loss=meter.create_histogram("lpx_trainer_final_loss", description="training loss at the last step"),
-        )  # fmt: skip
+        )
 
 
 def register_queue_gauge(meter: metrics.Meter, trainer) -> None:

@@ -35,9 +35,12 @@ class RegistryClient:
         await self.http.aclose()
 
     async def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
-        async for attempt in AsyncRetrying(retry=retry_if_exception(_transient), reraise=True,
-                                           stop=stop_after_delay(self.retry_for_s),
-                                           wait=wait_exponential(multiplier=0.5, max=5)):  # fmt: skip
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_transient),
+            reraise=True,
+            stop=stop_after_delay(self.retry_for_s),
+            wait=wait_exponential(multiplier=0.5, max=5),
+        ):
             with attempt:
                 reply = await self.http.request(method, path, **kwargs)
                 if reply.status_code >= 400:
@@ -49,8 +52,9 @@ class RegistryClient:
                 return reply
         raise AssertionError("unreachable")
 
-    async def push(self, *, tenant: str, adapter: str, base_model: str, directory: Path, dataset: str,
-                   migration_item: int | None) -> dict:  # fmt: skip
+    async def push(
+        self, *, tenant: str, adapter: str, base_model: str, directory: Path, dataset: str, migration_item: int | None
+    ) -> dict:
         form = {"tenant": tenant, "adapter": adapter, "base_model": base_model, "dataset": dataset}
         if migration_item is not None:
             form["migration_item"] = str(migration_item)

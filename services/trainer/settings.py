@@ -26,8 +26,9 @@ class TrainerSettings(ServiceSettings):
     registry_url: str = "http://127.0.0.1:8100"
     admin_token: SecretStr | None = None
     registry_timeout_s: float = 120.0
-    models_root: Path | None = Field(None, description="base checkpoints as <root>/<base_model>; "
-                                     "default $LPX_HOME/models")  # fmt: skip
+    models_root: Path | None = Field(
+        None, description="base checkpoints as <root>/<base_model>; default $LPX_HOME/models"
+    )
     device: str = Field("auto", description="auto (GPU when present) | cpu | cuda")
     max_length: int = Field(256, ge=16, description="tokens per training example")
     work_dir: Path | None = None

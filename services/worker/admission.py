@@ -98,8 +98,11 @@ class AdapterAdmission:
 
     def _someone_aged(self, other_than: str) -> bool:
         now = self._clock()
-        return any(queue and now - queue[0].since >= self.max_wait_s
-                   for key, queue in self._waiting.items() if key != other_than)  # fmt: skip
+        return any(
+            queue and now - queue[0].since >= self.max_wait_s
+            for key, queue in self._waiting.items()
+            if key != other_than
+        )
 
     def _admit(self, key: str, waited: float) -> None:
         if key not in self._running:

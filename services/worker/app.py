@@ -72,10 +72,13 @@ class Worker:
         self.engine = engine or create_engine(self._engine_config())
         self.store = ObjectStore(settings.connections)
         self.tiers = AdapterTiers(
-            DiskCache(settings.resolved_disk_cache_dir(), settings.disk_cache_bytes, self.store), self.engine,
-            base_model=settings.base_model, max_rank=settings.max_lora_rank, max_loras=settings.max_loras,
+            DiskCache(settings.resolved_disk_cache_dir(), settings.disk_cache_bytes, self.store),
+            self.engine,
+            base_model=settings.base_model,
+            max_rank=settings.max_lora_rank,
+            max_loras=settings.max_loras,
             max_cpu_loras=settings.max_cpu_loras,
-        )  # fmt: skip
+        )
         self.capacity = Capacity(settings.capacity)
         self.admission = _admission(settings)
         self.queue_depth = 0
@@ -90,11 +93,19 @@ class Worker:
     def _engine_config(self) -> EngineConfig:
         s = self.settings
         sim = {"prefill_tok_s": s.sim_prefill_tok_s, "decode_tok_s": s.sim_decode_tok_s}
-        return EngineConfig(model_path=s.resolved_model_path(), engine=s.engine, sim=sim,
-                            served_model_name=s.base_model, device=s.device,
-                            max_loras=s.max_loras, max_cpu_loras=s.max_cpu_loras, max_lora_rank=s.max_lora_rank,
-                            max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
-                            cpu_kvcache_gib=s.cpu_kvcache_gib)  # fmt: skip
+        return EngineConfig(
+            model_path=s.resolved_model_path(),
+            engine=s.engine,
+            sim=sim,
+            served_model_name=s.base_model,
+            device=s.device,
+            max_loras=s.max_loras,
+            max_cpu_loras=s.max_cpu_loras,
+            max_lora_rank=s.max_lora_rank,
+            max_num_seqs=s.max_num_seqs,
+            max_model_len=s.max_model_len,
+            cpu_kvcache_gib=s.cpu_kvcache_gib,
+        )
 
     @property
     def in_flight(self) -> int:
@@ -104,35 +115,55 @@ class Worker:
     async def start(self) -> None:
         s = self.settings
         await self.engine.start()
-        self.link = BrokerLink(s.connections, f"worker-{self.worker_id}",
-                               buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)], role="worker")  # fmt: skip
+        self.link = BrokerLink(
+            s.connections,
+            f"worker-{self.worker_id}",
+            buckets=[heartbeat_bucket_config(s.heartbeat_ttl_s)],
+            role="worker",
+        )
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.heartbeat = Heartbeater(self.link, self, s.heartbeat_interval_s, s.heartbeat_ttl_s)
         await self.heartbeat.claim()  # before taking the work subject of this id
-        self.processor = RequestProcessor(worker_id=self.worker_id, nc=self.nc, js=self.js, engine=self.engine,
-                                          tiers=self.tiers, metrics=self.metrics, ack_wait_s=s.ack_wait_s,
-                                          admission=self.admission)  # fmt: skip
-        self.own = await self._consumer(subjects.infer_worker_filter(s.pool, self.worker_id),
-                                        subjects.worker_durable(s.pool, self.worker_id))  # fmt: skip
+        self.processor = RequestProcessor(
+            worker_id=self.worker_id,
+            nc=self.nc,
+            js=self.js,
+            engine=self.engine,
+            tiers=self.tiers,
+            metrics=self.metrics,
+            ack_wait_s=s.ack_wait_s,
+            admission=self.admission,
+        )
+        self.own = await self._consumer(
+            subjects.infer_worker_filter(s.pool, self.worker_id), subjects.worker_durable(s.pool, self.worker_id)
+        )
         self.shared = await self._consumer(subjects.infer_any_filter(s.pool), subjects.pool_durable(s.pool))
         self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
         self.heartbeat.start()
         self._prewarm_sub = await self.nc.subscribe(subjects.prewarm(s.pool), cb=self._on_prewarm)
         await self.prewarm_from_bucket()
-        self._loops = [asyncio.create_task(self._pull_loop(self.own, 0.5, "own"), name="pull-own"),
-                       asyncio.create_task(self._pull_loop(self.shared, 0.5, "pool"), name="pull-pool"),
-                       asyncio.create_task(self._watch_queue(), name="queue-depth")]  # fmt: skip
+        self._loops = [
+            asyncio.create_task(self._pull_loop(self.own, 0.5, "own"), name="pull-own"),
+            asyncio.create_task(self._pull_loop(self.shared, 0.5, "pool"), name="pull-pool"),
+            asyncio.create_task(self._watch_queue(), name="queue-depth"),
+        ]
         log.info("worker ready", extra={"worker": self.worker_id, "pool": s.pool, "capacity": s.capacity})
 
     async def _consumer(self, filter_subject: str, durable: str):
-        config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait_s,
-                                max_ack_pending=max(64, self.settings.capacity * 4), filter_subject=filter_subject,
-                                max_deliver=-1)  # fmt: skip
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait_s,
+            max_ack_pending=max(64, self.settings.capacity * 4),
+            filter_subject=filter_subject,
+            max_deliver=-1,
+        )
         self.link.add_consumer(subjects.INFER_STREAM, config)
-        return await self.js.pull_subscribe(filter_subject, durable=durable, stream=subjects.INFER_STREAM,
-                                            config=config)  # fmt: skip
+        return await self.js.pull_subscribe(
+            filter_subject, durable=durable, stream=subjects.INFER_STREAM, config=config
+        )
 
     async def run_until(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -170,7 +201,7 @@ class Worker:
             except (TimeoutError, NatsTimeout):
                 state.ok()
                 continue
-            except Exception as exc:  # noqa: BLE001 - broker away: back off and keep going
+            except Exception as exc:
                 state.failed(exc)
                 await asyncio.sleep(0.5)
                 await self._recreate_consumers()
@@ -185,8 +216,9 @@ class Worker:
         """Tell the gateways this worker's in-flight count now (core NATS, fire and forget)."""
         load = WorkerLoad(worker_id=self.worker_id, pool=self.settings.pool, in_flight=self.in_flight)
         with contextlib.suppress(Exception):  # best effort: the heartbeat carries it too
-            await self.nc.publish(subjects.worker_load(self.settings.pool, self.worker_id),
-                                  load.model_dump_json().encode())  # fmt: skip
+            await self.nc.publish(
+                subjects.worker_load(self.settings.pool, self.worker_id), load.model_dump_json().encode()
+            )
 
     async def _recreate_consumers(self) -> None:
         """Connected but a fetch failed: the consumer may be gone (a gateway retired it while this worker
@@ -205,10 +237,13 @@ class Worker:
         self.metrics.in_flight.add(1)
         try:
             await self.processor.handle(msg)
-        except Exception as exc:  # noqa: BLE001 - not acked: JetStream redelivers it
+        except Exception as exc:
             if is_transient(exc):  # the broker is away: expected, no traceback
-                log.warning("request not finished while the broker is unavailable (%s); it will be redelivered",
-                            type(exc).__name__, extra={"subject": msg.subject})  # fmt: skip
+                log.warning(
+                    "request not finished while the broker is unavailable (%s); it will be redelivered",
+                    type(exc).__name__,
+                    extra={"subject": msg.subject},
+                )
             else:
                 log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
         finally:
@@ -229,8 +264,9 @@ class Worker:
                 adapter_token = msg.subject.rsplit(".", 1)[-1]
                 headers = dict(msg.headers or {})
                 headers["Nats-Msg-Id"] = f"{headers.get('Nats-Msg-Id', msg.reply)}-handoff-{self.worker_id}"
-                await self.js.publish(subjects.infer_any(self.settings.pool, adapter_token), msg.data,
-                                      headers=inject_headers(headers))  # fmt: skip
+                await self.js.publish(
+                    subjects.infer_any(self.settings.pool, adapter_token), msg.data, headers=inject_headers(headers)
+                )
                 await msg.ack()
                 self.handed_off += 1
 
@@ -255,14 +291,14 @@ class Worker:
         try:
             kv = await self.js.key_value(subjects.HOT_ADAPTERS_BUCKET)
             entry = await kv.get(self.settings.pool)
-        except Exception:  # noqa: BLE001 - no bucket or no key: nothing to pre-warm yet
+        except Exception:
             return
         await self.prewarm(PrewarmCommand.model_validate_json(entry.value))
 
     async def _on_prewarm(self, msg) -> None:
         try:
             command = PrewarmCommand.model_validate_json(msg.data)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("ignoring malformed prewarm command: %s", exc)
             return
         asyncio.create_task(self.prewarm(command))
@@ -275,7 +311,7 @@ class Worker:
             try:
                 await self.tiers.prewarm(ref)
                 warmed.append(ref.digest)
-            except Exception as exc:  # noqa: BLE001 - a bad entry must not block the others
+            except Exception as exc:
                 log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
         log.info("prewarmed adapters", extra={"count": len(warmed)})
         return warmed

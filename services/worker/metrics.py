@@ -34,15 +34,19 @@ class WorkerMetrics:
         return cls(
             tier_hits=meter.create_counter("lpx_worker_adapter_tier_hits", description="adapter found at this tier"),
             tier_misses=meter.create_counter("lpx_worker_adapter_tier_misses", description="adapter not at this tier"),
-            load_seconds=meter.create_histogram("lpx_worker_adapter_load_seconds", unit="s",
-                                                description="time to make an adapter usable, by source tier"),
+            load_seconds=meter.create_histogram(
+                "lpx_worker_adapter_load_seconds",
+                unit="s",
+                description="time to make an adapter usable, by source tier",
+            ),
             requests=meter.create_counter("lpx_worker_requests", description="requests finished, by outcome"),
             tokens=meter.create_counter("lpx_worker_generated_tokens", description="completion tokens generated"),
             ttft_seconds=meter.create_histogram("lpx_worker_ttft_seconds", unit="s", description="time to first token"),
             in_flight=meter.create_up_down_counter("lpx_worker_in_flight", description="requests being generated"),
-            admission_wait_seconds=meter.create_histogram("lpx_worker_admission_wait_seconds", unit="s",
-                                                          description="adapter requests waiting for a slot"),
-        )  # fmt: skip
+            admission_wait_seconds=meter.create_histogram(
+                "lpx_worker_admission_wait_seconds", unit="s", description="adapter requests waiting for a slot"
+            ),
+        )
 
     def record_tier(self, tier: AdapterTier, load_s: float) -> None:
         if tier not in TIER_ORDER:
@@ -115,10 +119,19 @@ def _register_admission(meter: metrics.Meter, worker, labels: dict) -> None:
     def longest(_options):
         yield metrics.Observation(admission.stats.longest_wait_s, labels)
 
-    meter.create_observable_counter("lpx_worker_adapter_slot_swaps", [swaps],
-                                    description="adapter slots given to an adapter that did not hold one")  # fmt: skip
+    meter.create_observable_counter(
+        "lpx_worker_adapter_slot_swaps", [swaps], description="adapter slots given to an adapter that did not hold one"
+    )
     meter.create_observable_gauge("lpx_worker_admission_waiting", [waiting], description="requests waiting for a slot")
-    meter.create_observable_gauge("lpx_worker_admission_oldest_wait_seconds", [oldest], unit="s",
-                                  description="how long the oldest request waiting for a slot has waited")  # fmt: skip
-    meter.create_observable_gauge("lpx_worker_admission_longest_wait_seconds", [longest], unit="s",
-                                  description="the longest slot wait since the worker started")  # fmt: skip
+    meter.create_observable_gauge(
+        "lpx_worker_admission_oldest_wait_seconds",
+        [oldest],
+        unit="s",
+        description="how long the oldest request waiting for a slot has waited",
+    )
+    meter.create_observable_gauge(
+        "lpx_worker_admission_longest_wait_seconds",
+        [longest],
+        unit="s",
+        description="the longest slot wait since the worker started",
+    )

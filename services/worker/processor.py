@@ -80,9 +80,18 @@ class _Outcome:
 
 
 class RequestProcessor:
-    def __init__(self, *, worker_id: str, nc, js, engine, tiers: AdapterTiers, metrics: WorkerMetrics,
-                 ack_wait_s: float, admission: AdapterAdmission | EngineAdmission | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        nc,
+        js,
+        engine,
+        tiers: AdapterTiers,
+        metrics: WorkerMetrics,
+        ack_wait_s: float,
+        admission: AdapterAdmission | EngineAdmission | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self.admission = admission  # None: every request goes to the engine at once, unguarded
         self.nc, self.js = nc, js
@@ -111,9 +120,11 @@ class RequestProcessor:
             return
         self.active.add(rid)
         try:
-            with tracer.start_as_current_span("worker.infer", context=extract_context(msg.headers),
-                                              attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id,
-                                                          "lpx.tenant": request.tenant_id}):  # fmt: skip
+            with tracer.start_as_current_span(
+                "worker.infer",
+                context=extract_context(msg.headers),
+                attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id, "lpx.tenant": request.tenant_id},
+            ):
                 result = await self._process(request, msg, fetched_at)
             result = result.model_copy(update=_caller_of(request))
             await self._publish_result(result, request.reply_to, give_up_at=_publish_deadline(request))
@@ -133,8 +144,10 @@ class RequestProcessor:
             try:
                 lease = await self.tiers.acquire(request.adapter)
             except AdapterUnavailable as exc:
-                log.warning("adapter unavailable", extra={"request_id": request.request_id, "code": exc.code,
-                                                          "reason": str(exc)})  # fmt: skip
+                log.warning(
+                    "adapter unavailable",
+                    extra={"request_id": request.request_id, "code": exc.code, "reason": str(exc)},
+                )
                 return self._error(request, exc.code, str(exc), timings)
             self.metrics.record_tier(lease.tier, lease.load_s)
             timings["adapter_load_s"] = lease.load_s
@@ -146,7 +159,7 @@ class RequestProcessor:
         except RequestRejected as exc:  # the request asked for something the engine cannot do
             log.info("engine refused a request", extra={"request_id": request.request_id, "reason": str(exc)})
             return self._error(request, "bad_request", str(exc), timings)
-        except Exception as exc:  # noqa: BLE001 - any engine failure becomes an error result
+        except Exception as exc:
             log.exception("generation failed", extra={"request_id": request.request_id})
             return self._error(request, "engine_error", f"{type(exc).__name__}: {exc}", timings)
         finally:
@@ -156,16 +169,24 @@ class RequestProcessor:
         self.generated_tokens += outcome.completion_tokens
         self.metrics.tokens.add(outcome.completion_tokens)
         self.metrics.ttft_seconds.record(outcome.ttft_s)
-        timeline = dict(engine_added_at=outcome.engine_added_at, first_token_at=outcome.first_token_at,
-                        last_token_at=outcome.last_token_at)  # fmt: skip
+        timeline = dict(
+            engine_added_at=outcome.engine_added_at,
+            first_token_at=outcome.first_token_at,
+            last_token_at=outcome.last_token_at,
+        )
         return InferenceResult(
-            request_id=request.request_id, worker_id=self.worker_id, ok=True, text=outcome.text,
-            finish_reason=outcome.finish_reason, prompt_tokens=outcome.prompt_tokens,
+            request_id=request.request_id,
+            worker_id=self.worker_id,
+            ok=True,
+            text=outcome.text,
+            finish_reason=outcome.finish_reason,
+            prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             adapter_digest_applied=lease.spec.digest if lease else None,
-            adapter_tier=lease.tier if lease else AdapterTier.NONE, logprobs=outcome.logprobs,
+            adapter_tier=lease.tier if lease else AdapterTier.NONE,
+            logprobs=outcome.logprobs,
             timings=Timings(**timings, **timeline, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
-        )  # fmt: skip
+        )
 
     @contextlib.asynccontextmanager
     async def _admitted(self, lease: AdapterLease | None):
@@ -179,16 +200,24 @@ class RequestProcessor:
                 self.metrics.admission_wait_seconds.record(ticket.waited)
             yield ticket
 
-    async def _generate(self, request: InferenceRequest, lease: AdapterLease | None,
-                        on_started=lambda: None) -> _Outcome:  # fmt: skip
+    async def _generate(
+        self, request: InferenceRequest, lease: AdapterLease | None, on_started=lambda: None
+    ) -> _Outcome:
         s = request.sampling
         gen = GenerationRequest(
-            request_id=request.request_id, prompt=request.prompt,
+            request_id=request.request_id,
+            prompt=request.prompt,
             messages=[m.model_dump() for m in request.messages] if request.messages else None,
-            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, stop=list(s.stop), seed=s.seed,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            stop=list(s.stop),
+            seed=s.seed,
             adapter=lease.spec if lease else None,
-            trace_headers=inject_headers(), logprobs=s.logprobs, structured=_engine_structured(s.structured),
-        )  # fmt: skip
+            trace_headers=inject_headers(),
+            logprobs=s.logprobs,
+            structured=_engine_structured(s.structured),
+        )
         if request.adapter is not None and gen.adapter is None:  # belt and braces: never fall back to base
             raise RuntimeError("adapter requested but not applied")
         out, started, index = _Outcome(engine_added_at=time.time()), time.monotonic(), 0
@@ -221,11 +250,17 @@ class RequestProcessor:
                 await msg.in_progress()
 
     def _error(self, request: InferenceRequest, code: str, message: str, timings: dict) -> InferenceResult:
-        return InferenceResult(request_id=request.request_id, worker_id=self.worker_id, ok=False,
-                               error=ErrorInfo(code=code, message=message), timings=Timings(**timings))  # fmt: skip
+        return InferenceResult(
+            request_id=request.request_id,
+            worker_id=self.worker_id,
+            ok=False,
+            error=ErrorInfo(code=code, message=message),
+            timings=Timings(**timings),
+        )
 
-    async def _publish_result(self, result: InferenceResult, reply_to: str | None,
-                              give_up_at: float | None = None) -> None:  # fmt: skip
+    async def _publish_result(
+        self, result: InferenceResult, reply_to: str | None, give_up_at: float | None = None
+    ) -> None:
         # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
         # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
         # unacknowledged: JetStream redelivers it and the result is published again then.
@@ -235,18 +270,30 @@ class RequestProcessor:
         data = result.model_dump_json().encode()
         if len(data) > _max_payload(self.nc):  # never retried for ever: the caller gets the reason instead
             data = self._too_large(result, len(data)).model_dump_json().encode()
-        await publish_retrying(self.js, subject, data,
-                               headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
-                               give_up_at=give_up_at or time.time() + RESULT_RETRY_S)  # fmt: skip
+        await publish_retrying(
+            self.js,
+            subject,
+            data,
+            headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
+            give_up_at=give_up_at or time.time() + RESULT_RETRY_S,
+        )
 
     def _too_large(self, result: InferenceResult, size: int) -> InferenceResult:
         log.warning("result over the broker's message limit", extra={"request_id": result.request_id, "bytes": size})
-        reason = (f"the answer ({size} bytes with its logprobs) is over the broker's message limit; ask for "
-                  "fewer tokens or fewer logprob alternatives")  # fmt: skip
-        return InferenceResult(request_id=result.request_id, worker_id=self.worker_id, ok=False,
-                               error=ErrorInfo(code="result_too_large", message=reason), timings=result.timings,
-                               tenant=result.tenant, adapter_digest=result.adapter_digest,
-                               base_model=result.base_model)  # fmt: skip
+        reason = (
+            f"the answer ({size} bytes with its logprobs) is over the broker's message limit; ask for "
+            "fewer tokens or fewer logprob alternatives"
+        )
+        return InferenceResult(
+            request_id=result.request_id,
+            worker_id=self.worker_id,
+            ok=False,
+            error=ErrorInfo(code="result_too_large", message=reason),
+            timings=result.timings,
+            tenant=result.tenant,
+            adapter_digest=result.adapter_digest,
+            base_model=result.base_model,
+        )
 
     async def _already_answered(self, request: InferenceRequest) -> bool:
         subject = subjects.result_lookup(request.request_id, request.reply_to)
@@ -258,8 +305,9 @@ class RequestProcessor:
         log.warning("dead-lettered a message", extra={"subject": msg.subject, "reason": reason})
         rid = request_id_of(msg.data)
         if rid:  # the caller is waiting: answer with the reason instead of leaving it to time out
-            error = InferenceResult(request_id=rid, worker_id=self.worker_id, ok=False,
-                                    error=ErrorInfo(code="bad_request", message=reason))  # fmt: skip
+            error = InferenceResult(
+                request_id=rid, worker_id=self.worker_id, ok=False, error=ErrorInfo(code="bad_request", message=reason)
+            )
             await self._publish_result(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
 

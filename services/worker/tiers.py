@@ -35,8 +35,9 @@ class AdapterLease:
 
 
 class AdapterTiers:
-    def __init__(self, disk: DiskCache, engine, *, base_model: str, max_rank: int, max_loras: int,
-                 max_cpu_loras: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self, disk: DiskCache, engine, *, base_model: str, max_rank: int, max_loras: int, max_cpu_loras: int = 16
+    ) -> None:
         self.disk = disk
         self.engine = engine
         self.base_model = base_model
@@ -59,11 +60,14 @@ class AdapterTiers:
 
     def check_compatible(self, ref: AdapterRef) -> None:
         if ref.base_model != self.base_model:
-            raise AdapterUnavailable("base_mismatch", f"adapter {ref.digest[:12]} is for base {ref.base_model!r}; "
-                                                      f"this pool serves {self.base_model!r}")  # fmt: skip
+            raise AdapterUnavailable(
+                "base_mismatch",
+                f"adapter {ref.digest[:12]} is for base {ref.base_model!r}; this pool serves {self.base_model!r}",
+            )
         if ref.rank > self.max_rank:
-            raise AdapterUnavailable("rank_mismatch", f"adapter rank {ref.rank} exceeds this pool's max rank "
-                                                      f"{self.max_rank}")  # fmt: skip
+            raise AdapterUnavailable(
+                "rank_mismatch", f"adapter rank {ref.rank} exceeds this pool's max rank {self.max_rank}"
+            )
 
     async def acquire(self, ref: AdapterRef, *, request: bool = True) -> AdapterLease:
         """Make `ref` usable by the engine; pin its disk copy until `release`. `request`: for a request
@@ -133,15 +137,19 @@ class AdapterTiers:
             raise AdapterUnavailable("adapter_invalid", f"adapter {ref.digest[:12]}: unreadable config: {exc}") from exc
         rank = int(config.get("r", 0))
         if rank != ref.rank or rank > self.max_rank:
-            raise AdapterUnavailable("rank_mismatch", f"adapter {ref.digest[:12]} has rank {rank}; the request says "
-                                                      f"{ref.rank} and this pool allows {self.max_rank}")  # fmt: skip
+            raise AdapterUnavailable(
+                "rank_mismatch",
+                f"adapter {ref.digest[:12]} has rank {rank}; the request says "
+                f"{ref.rank} and this pool allows {self.max_rank}",
+            )
 
     async def _load_into_engine(self, spec: AdapterSpec) -> None:
         try:
             await self.engine.add_adapter(spec)
         except Exception as exc:
-            raise AdapterUnavailable("adapter_load_failed", f"engine could not load adapter {spec.digest[:12]}: "
-                                                            f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+            raise AdapterUnavailable(
+                "adapter_load_failed", f"engine could not load adapter {spec.digest[:12]}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _touch_engine(self, digest: str) -> None:
         self._in_engine[digest] = None

@@ -107,8 +107,9 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
         tmp = tmp_path_factory.mktemp(f"chaos-{nats_nodes}n")
         workers = []
         for wid in ("chaos-w1", "chaos-w2"):
-            settings = worker_settings(conn, tmp, wid, pool=POOL, capacity=8, heartbeat_interval_s=0.5,
-                                       heartbeat_ttl_s=3)  # fmt: skip
+            settings = worker_settings(
+                conn, tmp, wid, pool=POOL, capacity=8, heartbeat_interval_s=0.5, heartbeat_ttl_s=3
+            )
             worker = Worker(settings, engine=engine)
             await worker.start()
             workers.append(worker)

@@ -26,9 +26,15 @@ class LogCounter(logging.Handler):
             self.tracebacks.append(f"{record.name}: {record.getMessage()}")
 
 
-async def run_drill(platform, name: str, *, breaks: Callable[[Load], Awaitable[None]],
-                    repairs: Callable[[Load], Awaitable[None]] | None = None, outage_s: float = 0.0,
-                    min_in_flight: int = 3) -> tuple[DrillReport, LogCounter]:  # fmt: skip
+async def run_drill(
+    platform,
+    name: str,
+    *,
+    breaks: Callable[[Load], Awaitable[None]],
+    repairs: Callable[[Load], Awaitable[None]] | None = None,
+    outage_s: float = 0.0,
+    min_in_flight: int = 3,
+) -> tuple[DrillReport, LogCounter]:
     """`breaks(load)` once requests are in flight, `repairs(load)` after `outage_s` (either may add
     requests to the load); then the time until a new request is served, and every answer judged."""
     report = DrillReport(drill=name)

@@ -93,8 +93,11 @@ class Load:
 
     async def _ask(self, http: httpx.AsyncClient, model: str, key: str, i: int):
         started = time.monotonic()
-        body = {"model": model, "max_tokens": self.max_tokens,
-                "messages": [{"role": "user", "content": f"Question {i}: where is my order?"}]}  # fmt: skip
+        body = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "messages": [{"role": "user", "content": f"Question {i}: where is my order?"}],
+        }
         try:
             reply = await http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
         except httpx.HTTPError as exc:
@@ -125,8 +128,11 @@ class Load:
                 self._judge(model, result.text, errors)
         r.errors = dict(errors)
         stored = [subjects.tenant_results(tenant, rid) for _, rid, tenant in self._async]
-        stored += [subjects.result_lookup(internal, "any") for _, rid, tenant in self._async
-                   for internal in (f"sub-{tenant}-{rid}",)]  # fmt: skip
+        stored += [
+            subjects.result_lookup(internal, "any")
+            for _, rid, tenant in self._async
+            for internal in (f"sub-{tenant}-{rid}",)
+        ]
         stored += [subjects.result_lookup(rid, "any") for rid in self._sync_ids]
         r.answered_twice += await self._twice(client, stored)
         return r
@@ -169,8 +175,9 @@ async def seconds_until_serving(platform, since: float, timeout_s: float = 120.0
         while time.monotonic() < deadline:
             body = {"model": "smollm2-135m", "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
             try:
-                reply = await http.post("/v1/chat/completions", json=body,
-                                        headers={"Authorization": f"Bearer {platform.key_a}"})  # fmt: skip
+                reply = await http.post(
+                    "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {platform.key_a}"}
+                )
                 if reply.status_code == 200:
                     return round(time.monotonic() - since, 2)
             except httpx.HTTPError:
@@ -180,14 +187,31 @@ async def seconds_until_serving(platform, since: float, timeout_s: float = 120.0
 
 
 def render_table(reports: list[DrillReport]) -> str:
-    cols = ("drill", "sent", "correct", "wrong adapter", "lost", "answered twice", "errors", "serves again (s)",
-            "slowest sync (s)")  # fmt: skip
+    cols = (
+        "drill",
+        "sent",
+        "correct",
+        "wrong adapter",
+        "lost",
+        "answered twice",
+        "errors",
+        "serves again (s)",
+        "slowest sync (s)",
+    )
     rows = [
-        (r.drill, r.sent, r.correct, r.wrong_adapter, r.lost, r.answered_twice,
-         ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "-",
-         "-" if r.seconds_to_serve_again is None else r.seconds_to_serve_again, r.slowest_sync_s)
+        (
+            r.drill,
+            r.sent,
+            r.correct,
+            r.wrong_adapter,
+            r.lost,
+            r.answered_twice,
+            ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "-",
+            "-" if r.seconds_to_serve_again is None else r.seconds_to_serve_again,
+            r.slowest_sync_s,
+        )
         for r in reports
-    ]  # fmt: skip
+    ]
     widths = [max(len(str(c)), *(len(str(row[i])) for row in rows)) for i, c in enumerate(cols)]
     line = " | ".join(str(c).ljust(w) for c, w in zip(cols, widths, strict=True))
     sep = "-+-".join("-" * w for w in widths)

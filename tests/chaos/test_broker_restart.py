@@ -18,9 +18,13 @@ async def platform(platform_of):
 
 @pytest.mark.parametrize("outage_s", [1, 15])
 async def test_broker_sigkill_and_restart_loses_nothing(platform, chaos_report, outage_s):
-    report, logs = await run_drill(platform, f"broker SIGKILL, back after {outage_s}s", outage_s=outage_s,
-                                   breaks=lambda _: platform.kill("nats"),
-                                   repairs=lambda _: platform.restart_broker())  # fmt: skip
+    report, logs = await run_drill(
+        platform,
+        f"broker SIGKILL, back after {outage_s}s",
+        outage_s=outage_s,
+        breaks=lambda _: platform.kill("nats"),
+        repairs=lambda _: platform.restart_broker(),
+    )
     chaos_report.append(report)
     assert report.lost == 0 and report.answered_twice == 0 and report.wrong_adapter == 0, report
     # Every request was accepted before the outage and its deadline (90 s) outlasts it: all answered.

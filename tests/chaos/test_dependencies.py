@@ -39,7 +39,7 @@ async def _push_until_stored(registry, tenant: str, adapter: str, path, timeout_
             statuses.append(reply.status_code)
             if reply.status_code != 503:
                 return statuses
-        except Exception as exc:  # noqa: BLE001 - the transport failing mid-kill: retry like a client would
+        except Exception as exc:
             statuses.append(type(exc).__name__)
         await asyncio.sleep(0.5)
     return statuses
@@ -58,8 +58,13 @@ async def test_postgres_sigkill_during_pushes(platform, chaos_report, noise):
     async def restart(_load) -> None:
         await platform.restart_broker()  # `stack up` starts whatever is down: here PostgreSQL
 
-    report, logs = await run_drill(platform, "PostgreSQL SIGKILL during 4 pushes, back after 2s",
-                                   breaks=kill_during_pushes, outage_s=2, repairs=restart)  # fmt: skip
+    report, logs = await run_drill(
+        platform,
+        "PostgreSQL SIGKILL during 4 pushes, back after 2s",
+        breaks=kill_during_pushes,
+        outage_s=2,
+        repairs=restart,
+    )
     outcomes = await asyncio.gather(*pushes)
     report.notes += f"; pushes (status per try): {outcomes}"
     chaos_report.append(report)
@@ -86,8 +91,9 @@ async def test_s3_stopped_during_cold_adapter_loads(platform, chaos_report, nois
             load.add_sync(name, platform.key_b, 200 + i)
 
     name = "S3 stopped during cold adapter loads, back after 3s"
-    report, logs = await run_drill(platform, name, breaks=stop_s3_then_ask_cold, outage_s=3,
-                                   repairs=restart_then_ask_again)  # fmt: skip
+    report, logs = await run_drill(
+        platform, name, breaks=stop_s3_then_ask_cold, outage_s=3, repairs=restart_then_ask_again
+    )
     chaos_report.append(report)
     assert report.lost == 0 and report.answered_twice == 0 and report.wrong_adapter == 0, report
     # The cold loads during the outage fail closed with a clear 503 (adapter_unavailable from the

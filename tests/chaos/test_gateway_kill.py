@@ -29,12 +29,22 @@ async def platform(platform_of):
 
 
 def _start_gateway(platform, port: int, log_path) -> subprocess.Popen:
-    env = {**os.environ, "LPX_ENV_FILE": str(platform.stack.env_file), "LPX_GATEWAY_PORT": str(port),
-           "LPX_GATEWAY_HOST": "127.0.0.1", "LPX_GATEWAY_HEARTBEAT_STALENESS_S": "3",
-           "LPX_GATEWAY_LOG_FORMAT": "json"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(platform.stack.env_file),
+        "LPX_GATEWAY_PORT": str(port),
+        "LPX_GATEWAY_HOST": "127.0.0.1",
+        "LPX_GATEWAY_HEARTBEAT_STALENESS_S": "3",
+        "LPX_GATEWAY_LOG_FORMAT": "json",
+    }
     with open(log_path, "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "services.gateway"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.gateway"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 async def _ready(url: str, proc: subprocess.Popen, workers: int = 2, timeout_s: float = 60) -> None:
@@ -73,8 +83,9 @@ async def test_gateway_sigkill_with_async_submissions_in_flight(platform, chaos_
             proc.wait(10)
             await platform.on_gateway(gw.submissions.start)  # the replacement replica
 
-        report, logs = await run_drill(platform, "gateway SIGKILL with async submissions in flight",
-                                       breaks=kill_gateway_b)  # fmt: skip
+        report, logs = await run_drill(
+            platform, "gateway SIGKILL with async submissions in flight", breaks=kill_gateway_b
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -18,9 +18,11 @@ QUESTIONS = ["Where is my order?", "Can you help me with my account?"]
 @pytest.fixture(scope="module")
 def mixed_adapters(base_model_path):
     """Two rank-8 and two rank-16 adapters (distinct random weights) and a trained rank-16 tone adapter."""
-    return {"pirate": tone_adapter(base_model_path, "pirate"),
-            **{f"r8-{i}": p for i, p in enumerate(noise_adapters(base_model_path, 2, rank=8))},
-            **{f"r16-{i}": p for i, p in enumerate(noise_adapters(base_model_path, 2, rank=16))}}  # fmt: skip
+    return {
+        "pirate": tone_adapter(base_model_path, "pirate"),
+        **{f"r8-{i}": p for i, p in enumerate(noise_adapters(base_model_path, 2, rank=8))},
+        **{f"r16-{i}": p for i, p in enumerate(noise_adapters(base_model_path, 2, rank=16))},
+    }
 
 
 async def _batch(engine, adapters: dict, tag: str) -> dict[tuple[str, str], str]:
@@ -29,8 +31,9 @@ async def _batch(engine, adapters: dict, tag: str) -> dict[tuple[str, str], str]
 
     async def one(i: int, name: str, path, question: str) -> tuple[tuple[str, str], str]:
         spec = AdapterSpec(hashlib.sha256(str(path).encode()).hexdigest(), path) if path is not None else None
-        request = GenerationRequest(f"{tag}-{i}", messages=[{"role": "user", "content": question}], max_tokens=16,
-                                    adapter=spec)  # fmt: skip
+        request = GenerationRequest(
+            f"{tag}-{i}", messages=[{"role": "user", "content": question}], max_tokens=16, adapter=spec
+        )
         text = "".join([chunk.text async for chunk in engine.generate(request)])
         return (name, question), text
 

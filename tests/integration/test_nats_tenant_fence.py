@@ -37,8 +37,9 @@ class Probe:
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc))
 
-        self.nc = await nats.connect(servers=urls, name="lpx-probe", error_cb=on_error, allow_reconnect=False,
-                                     max_reconnect_attempts=0, **auth)  # fmt: skip
+        self.nc = await nats.connect(
+            servers=urls, name="lpx-probe", error_cb=on_error, allow_reconnect=False, max_reconnect_attempts=0, **auth
+        )
         return self
 
     async def refused(self, action) -> bool:
@@ -100,8 +101,9 @@ async def test_a_tenant_credential_reaches_its_own_subjects_and_nothing_else(fen
     alice, alice_key, alice_creds = await _tenant(registry)
     bob, _, _ = await _tenant(registry)
     operator = await nats.connect(servers=conn.nats_servers)
-    probe = await Probe().connect(urls, user=f"tenant:{alice}", password=alice_creds,
-                                  inbox_prefix=subjects.tenant_inbox_prefix(alice).encode())  # fmt: skip
+    probe = await Probe().connect(
+        urls, user=f"tenant:{alice}", password=alice_creds, inbox_prefix=subjects.tenant_inbox_prefix(alice).encode()
+    )
     try:
         js = operator.jetstream()
         infer_before = (await js.stream_info(subjects.INFER_STREAM)).state.messages
@@ -113,8 +115,9 @@ async def test_a_tenant_credential_reaches_its_own_subjects_and_nothing_else(fen
         own = InferenceResult(request_id=rid, worker_id="gateway", ok=True, text="own").model_dump_json().encode()
         await js.publish(subjects.tenant_results(alice, rid), own)
         async with LoraplexClient(",".join(urls), api_key=alice_key, nats_credential=alice_creds) as client:
-            stored = await client.js.get_last_msg(subjects.RESULTS_STREAM, subjects.tenant_results(alice, rid),
-                                                  direct=True)  # fmt: skip
+            stored = await client.js.get_last_msg(
+                subjects.RESULTS_STREAM, subjects.tenant_results(alice, rid), direct=True
+            )
             assert stored.data == own
             ack = await client.js.publish(subjects.submit(alice), b"{}", headers={"Nats-Msg-Id": uuid.uuid4().hex})
             assert ack.stream == subjects.SUBMIT_STREAM
@@ -141,11 +144,13 @@ async def test_a_tenant_credential_reaches_its_own_subjects_and_nothing_else(fen
             "forge a heartbeat": lambda: nc.publish(f"$KV.{subjects.HEARTBEAT_BUCKET}.w-fake", b"{}"),
             "ask the registry to resolve": lambda: nc.publish(subjects.RESOLVE, b"{}"),
             "read a stream through the JetStream API": lambda: nc.publish(
-                f"$JS.API.STREAM.MSG.GET.{subjects.RESULTS_STREAM}", b'{"last_by_subj": "lpx.results.>"}'),
+                f"$JS.API.STREAM.MSG.GET.{subjects.RESULTS_STREAM}", b'{"last_by_subj": "lpx.results.>"}'
+            ),
             "direct-get another tenant's result": lambda: nc.publish(
-                subjects.direct_get_last(subjects.RESULTS_STREAM, subjects.tenant_results(bob, bob_rid)), b""),
+                subjects.direct_get_last(subjects.RESULTS_STREAM, subjects.tenant_results(bob, bob_rid)), b""
+            ),
             "delete a stream": lambda: nc.publish(f"$JS.API.STREAM.DELETE.{subjects.INFER_STREAM}", b""),
-        }  # fmt: skip
+        }
         allowed = [what for what, action in attempts.items() if not await probe.refused(action)]
         assert not allowed, f"the broker let a tenant credential {allowed}"
         # Nothing was routed or stored, and nothing of the fleet reached the tenant.
@@ -160,15 +165,20 @@ async def test_wrong_or_revoked_credentials_are_refused_and_cut_off(fenced):
     conn, urls, registry = fenced
     alice, alice_key, alice_creds = await _tenant(registry)
     bob, _, bob_creds = await _tenant(registry)
-    for user, password in ((f"tenant:{alice}", bob_creds), (f"tenant:{alice}", "lpxn_nope"), (alice, alice_creds),
-                           (f"tenant:{alice}", alice_key)):  # fmt: skip
+    for user, password in (
+        (f"tenant:{alice}", bob_creds),
+        (f"tenant:{alice}", "lpxn_nope"),
+        (alice, alice_creds),
+        (f"tenant:{alice}", alice_key),
+    ):
         with pytest.raises(Exception, match="Authorization Violation"):
             await Probe().connect(urls, user=user, password=password)
     with pytest.raises(Exception, match="Authorization Violation"):
         await Probe().connect(urls)  # no credentials at all
 
-    probe = await Probe().connect(urls, user=f"tenant:{alice}", password=alice_creds,
-                                  inbox_prefix=subjects.tenant_inbox_prefix(alice).encode())  # fmt: skip
+    probe = await Probe().connect(
+        urls, user=f"tenant:{alice}", password=alice_creds, inbox_prefix=subjects.tenant_inbox_prefix(alice).encode()
+    )
     key_id = alice_creds.split("_")[2]
     revoked_at = time.monotonic()
     reply = await registry.client.post(f"/v1/tenants/{alice}/keys/{key_id}/revoke")

@@ -39,8 +39,7 @@ def _pids(state_dir: Path) -> dict[str, int]:
 
 def _grpc_sockets(state_dir: Path) -> list[Path]:
     ports = json.loads((state_dir / "stack.json").read_text())["ports"]
-    return [p for p in Path("/tmp").glob("seaweedfs-*-grpc-*.sock")
-            if int(p.stem.rsplit("-", 1)[1]) in ports.values()]  # fmt: skip
+    return [p for p in Path("/tmp").glob("seaweedfs-*-grpc-*.sock") if int(p.stem.rsplit("-", 1)[1]) in ports.values()]
 
 
 def _alive(pids) -> list[int]:
@@ -94,8 +93,9 @@ def _wait_for_first_server(proc: subprocess.Popen, state_dir: Path, timeout: flo
 
 
 def test_sigterm_during_up_stops_what_it_started(state_dir):
-    proc = subprocess.Popen([*LPX, "stack", "up"], env=_env(state_dir), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LPX, "stack", "up"], env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _wait_for_first_server(proc, state_dir)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -108,8 +108,9 @@ def test_sigterm_during_up_stops_what_it_started(state_dir):
 
 
 def test_sigkill_during_up_then_down_cleans_up(state_dir):
-    proc = subprocess.Popen([*LPX, "stack", "up"], env=_env(state_dir), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LPX, "stack", "up"], env=_env(state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _wait_for_first_server(proc, state_dir)
     time.sleep(0.3)
     proc.kill()

@@ -60,8 +60,9 @@ async def test_faststream_roundtrip_carries_trace_context(connections):
     received: asyncio.Future = asyncio.get_running_loop().create_future()
     subject = subjects.infer("itest", "w1", "base")
 
-    @broker.subscriber(subject, stream=JStream(name=subjects.INFER_STREAM, declare=False),
-                       durable=f"itest-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    @broker.subscriber(
+        subject, stream=JStream(name=subjects.INFER_STREAM, declare=False), durable=f"itest-{uuid.uuid4().hex[:8]}"
+    )
     async def handle(body: InferenceRequest, msg: NatsMessage) -> None:
         received.set_result((body, dict(msg.headers)))
 
@@ -97,8 +98,12 @@ def test_s3_store_round_trips_an_object_and_checks_credentials(connections):
     from minio import Minio
     from minio.error import S3Error
 
-    client = Minio(connections.s3_endpoint, access_key=connections.s3_access_key,
-                   secret_key=connections.s3_secret_key, secure=False)  # fmt: skip
+    client = Minio(
+        connections.s3_endpoint,
+        access_key=connections.s3_access_key,
+        secret_key=connections.s3_secret_key,
+        secure=False,
+    )
     assert client.bucket_exists(connections.s3_bucket)
     key = f"smoke/{uuid.uuid4().hex}"
     client.put_object(connections.s3_bucket, key, io.BytesIO(b"adapter-bytes"), 13)

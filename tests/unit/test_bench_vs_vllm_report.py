@@ -20,8 +20,10 @@ def _run(tok_s: float, ttft: float, texts: list[str]) -> dict:
 
 def test_each_round_is_compared_with_its_own_peer_run():
     mix, peer = "one adapter", "vllm serve, equal ops"
-    rounds = [{peer: {mix: _run(50, 1.0, ["a", "b"])}, "loraplex": {mix: _run(55, 0.9, ["a", "b"])}},
-              {peer: {mix: _run(40, 1.0, ["a", "b"])}, "loraplex": {mix: _run(38, 1.2, ["a", "x"])}}]  # fmt: skip
+    rounds = [
+        {peer: {mix: _run(50, 1.0, ["a", "b"])}, "loraplex": {mix: _run(55, 0.9, ["a", "b"])}},
+        {peer: {mix: _run(40, 1.0, ["a", "b"])}, "loraplex": {mix: _run(38, 1.2, ["a", "x"])}},
+    ]
     c = compare(rounds, mix, peer)
     assert c["throughput"]["rounds"] == [1.1, 0.95]
     assert c["throughput"]["verdict"] == "tie"

@@ -14,9 +14,16 @@ def test_llama_reference_shapes():
 
 
 def test_smollm2_shapes_from_its_hf_config():
-    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "hidden_size": 576,
-              "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
-              "vocab_size": 49152, "head_dim": 64}  # fmt: skip
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "head_dim": 64,
+    }
     parsed = BaseModelSpec.from_hf_config(config, name="smollm2-135m")
     assert parsed.module_shapes() == CATALOG["smollm2-135m"].module_shapes()
     assert parsed.kv_dim == 192

@@ -17,8 +17,11 @@ from libs.contracts import (
 
 
 def _message_classes():
-    return [obj for obj in vars(messages).values()
-            if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message]  # fmt: skip
+    return [
+        obj
+        for obj in vars(messages).values()
+        if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message
+    ]
 
 
 def test_every_message_type_has_a_version_field():
@@ -42,8 +45,9 @@ def test_unknown_fields_are_refused_not_ignored():
 
 
 def test_request_roundtrip_through_json():
-    req = InferenceRequest(request_id="r-1", tenant_id="t1", base_model="smollm2-135m",
-                           messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    req = InferenceRequest(
+        request_id="r-1", tenant_id="t1", base_model="smollm2-135m", messages=[{"role": "user", "content": "hi"}]
+    )
     assert InferenceRequest.model_validate_json(req.model_dump_json()) == req
 
 
@@ -81,18 +85,30 @@ def _covers(pattern: str, subject: str) -> bool:
 
 
 def test_every_published_subject_lands_in_exactly_one_stream():
-    samples = [subjects.infer("p", "w", "a"), subjects.infer_any("p", "a"), subjects.submit("t1"),
-               subjects.results("r1"),
-               subjects.tenant_results("t1", "r1"),
-               subjects.adapter_event("registered"), subjects.EVALUATED, subjects.TRAIN_JOBS,
-               subjects.train_progress("j1"), subjects.dead_letter("gateway")]  # fmt: skip
+    samples = [
+        subjects.infer("p", "w", "a"),
+        subjects.infer_any("p", "a"),
+        subjects.submit("t1"),
+        subjects.results("r1"),
+        subjects.tenant_results("t1", "r1"),
+        subjects.adapter_event("registered"),
+        subjects.EVALUATED,
+        subjects.TRAIN_JOBS,
+        subjects.train_progress("j1"),
+        subjects.dead_letter("gateway"),
+    ]
     for sample in samples:
         owners = [s.name for s in subjects.STREAMS if any(_covers(p, sample) for p in s.subjects)]
         assert len(owners) == 1, (sample, owners)
     # Ephemeral subjects must not be captured by any stream. (Training progress is stored for a day, so
     # that a CLI attaching late still sees where its job is.)
-    ephemerals = (subjects.tokens("r1"), subjects.tenant_tokens("t1", "r1"), subjects.RESOLVE, subjects.EVAL_CONTEXT,
-                  subjects.prewarm("p"))  # fmt: skip
+    ephemerals = (
+        subjects.tokens("r1"),
+        subjects.tenant_tokens("t1", "r1"),
+        subjects.RESOLVE,
+        subjects.EVAL_CONTEXT,
+        subjects.prewarm("p"),
+    )
     for ephemeral in ephemerals:
         assert not any(_covers(p, ephemeral) for s in subjects.STREAMS for p in s.subjects), ephemeral
 

@@ -27,8 +27,16 @@ def _case(seed: int, rank: int, tokens: int, slots: int = 4, width_in: int = 48,
     return lora_a, lora_b, x, indices
 
 
-CASES = [(seed, rank, tokens, stacked) for seed, rank, tokens, stacked in
-         [(0, 8, 1, True), (1, 16, 7, True), (2, 8, 64, False), (3, 16, 300, True), (4, 16, 33, False)]]  # fmt: skip
+CASES = [
+    (seed, rank, tokens, stacked)
+    for seed, rank, tokens, stacked in [
+        (0, 8, 1, True),
+        (1, 16, 7, True),
+        (2, 8, 64, False),
+        (3, 16, 300, True),
+        (4, 16, 33, False),
+    ]
+]
 
 
 @pytest.mark.parametrize(("seed", "rank", "tokens", "stacked"), CASES)
@@ -169,8 +177,11 @@ def test_add_lora_linear_matches_the_per_row_definition(vllm_ops, pattern, rank)
     """A qkv-like layer (3 slices): y[r, slice i] += x[r] @ A_i[slot].T @ B_i[slot].T, base rows untouched."""
     gen = torch.Generator().manual_seed(rank)
     tokens, width, sizes = 11, 48, (40, 16, 16)
-    indices = {"mixed": torch.tensor([0, -1, 3, 3, 1, 0, -1, 2, 3, 0, 1]), "one adapter": torch.full((tokens,), 2),
-               "base only": torch.full((tokens,), -1)}[pattern]  # fmt: skip
+    indices = {
+        "mixed": torch.tensor([0, -1, 3, 3, 1, 0, -1, 2, 3, 0, 1]),
+        "one adapter": torch.full((tokens,), 2),
+        "base only": torch.full((tokens,), -1),
+    }[pattern]
     lora_a = tuple(torch.randn(4, 1, rank, width, generator=gen) for _ in sizes)
     lora_b = tuple(torch.randn(4, 1, size, rank, generator=gen) for size in sizes)
     x = torch.randn(tokens, width, generator=gen)

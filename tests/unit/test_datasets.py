@@ -17,12 +17,14 @@ def lines(*docs) -> list[str]:
 
 
 def test_train_and_eval_lines_are_split():
-    parsed = parse_lines(lines(
-        {"messages": [USER, ANSWER]},
-        {"split": "eval", "criterion": "contains", "expected": "Ahoy", "messages": [USER]},
-        "",
-        {"split": "eval", "criterion": "loglik", "messages": [USER, ANSWER], "min_score": -2},
-    ))  # fmt: skip
+    parsed = parse_lines(
+        lines(
+            {"messages": [USER, ANSWER]},
+            {"split": "eval", "criterion": "contains", "expected": "Ahoy", "messages": [USER]},
+            "",
+            {"split": "eval", "criterion": "loglik", "messages": [USER, ANSWER], "min_score": -2},
+        )
+    )
     assert len(parsed.train) == 1 and len(parsed.eval) == 2 and parsed.lines == 3
     assert parsed.train_chats() == [{"messages": [USER, ANSWER]}]
     loglik = parsed.eval[1]
@@ -32,16 +34,18 @@ def test_train_and_eval_lines_are_split():
 
 def test_every_bad_line_is_reported_with_its_number():
     with pytest.raises(DatasetInvalid) as caught:
-        parse_lines(lines(
-            {"messages": [USER, ANSWER]},
-            "{not json",
-            {"messages": [USER]},  # no answer to learn
-            {"split": "eval", "criterion": "regex", "expected": "([", "messages": [USER]},
-            {"split": "test", "messages": [USER, ANSWER]},
-            {"split": "eval", "criterion": "contains", "messages": [USER]},  # no expected
-            {"messages": [{"role": "robot", "content": "x"}, ANSWER]},
-            {"split": "eval", "criterion": "loglik", "messages": [USER]},  # no reference answer
-        ))  # fmt: skip
+        parse_lines(
+            lines(
+                {"messages": [USER, ANSWER]},
+                "{not json",
+                {"messages": [USER]},  # no answer to learn
+                {"split": "eval", "criterion": "regex", "expected": "([", "messages": [USER]},
+                {"split": "test", "messages": [USER, ANSWER]},
+                {"split": "eval", "criterion": "contains", "messages": [USER]},  # no expected
+                {"messages": [{"role": "robot", "content": "x"}, ANSWER]},
+                {"split": "eval", "criterion": "loglik", "messages": [USER]},  # no reference answer
+            )
+        )
     exc = caught.value
     assert exc.line_numbers == [2, 3, 4, 5, 6, 7, 8]
     text = str(exc)

@@ -13,8 +13,15 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # non-trivial norm weights, so that a wrong permutation of them would show
         for name, param in model.named_parameters():

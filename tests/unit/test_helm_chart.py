@@ -20,8 +20,18 @@ from libs.settings import ConnectionSettings
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "infra" / "k8s" / "loraplex"
 # The Secret's NATS keys (README "NATS authorization"): every service's user, the callout's.
-NATS_KEYS = ("natsGateway", "natsWorker", "natsRegistry", "natsEvalGate", "natsTrainer", "natsCallout", "natsSystem",
-             "natsAdmin", "natsCalloutSeed", "natsCalloutIssuer")
+NATS_KEYS = (
+    "natsGateway",
+    "natsWorker",
+    "natsRegistry",
+    "natsEvalGate",
+    "natsTrainer",
+    "natsCallout",
+    "natsSystem",
+    "natsAdmin",
+    "natsCalloutSeed",
+    "natsCalloutIssuer",
+)
 KUBERNETES_VERSION = "1.30.0"
 HELM = shutil.which("helm", path=str(Path(sys.executable).parent)) or shutil.which("helm")
 
@@ -470,8 +480,13 @@ def test_a_chart_made_secret_exists_before_the_migrations_job_needs_it():
         job["metadata"]["annotations"]["helm.sh/hook-weight"]
     )
     chart_keys = yaml.safe_load((CHART / "values.yaml").read_text())["secrets"]["keys"]
-    assert set(secret["stringData"]) == {"pg-dsn", "s3-access-key", "s3-secret-key", "admin-token",
-                                         *(chart_keys[key] for key in NATS_KEYS)}  # fmt: skip
+    assert set(secret["stringData"]) == {
+        "pg-dsn",
+        "s3-access-key",
+        "s3-secret-key",
+        "admin-token",
+        *(chart_keys[key] for key in NATS_KEYS),
+    }
 
 
 def test_nats_comes_from_the_official_chart_as_a_three_node_jetstream_cluster():
@@ -523,8 +538,13 @@ def test_every_service_connects_to_nats_as_its_own_user():
                 users[container["name"]] = env["LPX_NATS_USER"]["value"]
                 assert env["LPX_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "loraplex"
     # Each container's NATS user is its own service's, and every service role is used.
-    assert users == {"gateway": "gateway", "registry": "registry", "trainer": "trainer", "eval-gate": "eval-gate",
-                     "worker": "worker"}  # fmt: skip
+    assert users == {
+        "gateway": "gateway",
+        "registry": "registry",
+        "trainer": "trainer",
+        "eval-gate": "eval-gate",
+        "worker": "worker",
+    }
     assert set(users.values()) == {role.user for role in permissions.SERVICE_ROLES}
     registry = next(doc for doc in docs if doc.get("kind") == "Deployment" and "registry" in doc["metadata"]["name"])
     env = {e["name"]: e for e in registry["spec"]["template"]["spec"]["containers"][0]["env"]}

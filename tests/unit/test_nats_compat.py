@@ -1,6 +1,5 @@
 """nats-py's bare asyncio.TimeoutError from a batch fetch reaches FastStream as nats.errors.TimeoutError."""
 
-
 import nats.errors
 import pytest
 from nats.js.client import JetStreamContext

@@ -195,8 +195,15 @@ def test_upgrade_budget_assumed_and_from_flops(reference):
 
 
 def test_upgrade_budget_follows_its_inputs():
-    plan = make_plan(PlanInputs(adapters=500, dataset_tokens=10_000_000, price_per_gpu_hour=4.0,
-                                training_gpus=2, assumed_gpu_hours_per_adapter=1.0))  # fmt: skip
+    plan = make_plan(
+        PlanInputs(
+            adapters=500,
+            dataset_tokens=10_000_000,
+            price_per_gpu_hour=4.0,
+            training_gpus=2,
+            assumed_gpu_hours_per_adapter=1.0,
+        )
+    )
     per_adapter_h = (6 * PARAMS_8B * 10_000_000 / (989e12 * 0.35) + 60) / 3600
     assert plan.upgrade.assumed_cost == 500 * 1.0 * 4.0
     assert plan.upgrade.flops_cost == pytest.approx(500 * per_adapter_h * 4.0)
@@ -209,7 +216,8 @@ def test_cost_per_million_output_tokens_pool_and_dedicated(reference):
     assert t.throughput_source == "assumed"
     assert t.pool_per_million_output_tokens == pytest.approx(GPUS * PRICE / million_tokens_per_hour)  # $0.185
     assert t.dedicated_per_million_output_tokens == pytest.approx(
-        reference.dedicated.gpus * PRICE / million_tokens_per_hour)  # fmt: skip
+        reference.dedicated.gpus * PRICE / million_tokens_per_hour
+    )
     assert t.dedicated_over_pool == pytest.approx(reference.dedicated.gpus / GPUS)
 
 
@@ -239,8 +247,10 @@ def test_measured_throughput_from_the_worker_benchmark(tmp_path):
 
 
 def test_upgrade_flags_change_the_json():
-    result = CliRunner().invoke(_cli(), ["plan", "--json", "--no-variants", "--adapters", "500",
-                                         "--gpu-hour-usd", "3", "--dataset-tokens", "1000000"])  # fmt: skip
+    result = CliRunner().invoke(
+        _cli(),
+        ["plan", "--json", "--no-variants", "--adapters", "500", "--gpu-hour-usd", "3", "--dataset-tokens", "1000000"],
+    )
     assert result.exit_code == 0, result.output
     u = json.loads(result.output)["plan"]["upgrade"]
     assert u["assumed_cost"] == 500 * 0.5 * 3

@@ -7,14 +7,17 @@ import pytest
 from libs.contracts import subjects
 
 
-@pytest.mark.parametrize(("subject", "stream"), [
-    (subjects.TRAIN_JOBS, subjects.TRAIN_STREAM),
-    (subjects.train_progress("job-1"), subjects.TRAIN_PROGRESS_STREAM),
-    (subjects.adapter_event("registered"), subjects.EVENTS_STREAM),
-    (subjects.EVALUATED, subjects.EVENTS_STREAM),
-    (subjects.dead_letter("eval-gate"), subjects.DLQ_STREAM),
-    (subjects.infer("p", "w", "a"), subjects.INFER_STREAM),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("subject", "stream"),
+    [
+        (subjects.TRAIN_JOBS, subjects.TRAIN_STREAM),
+        (subjects.train_progress("job-1"), subjects.TRAIN_PROGRESS_STREAM),
+        (subjects.adapter_event("registered"), subjects.EVENTS_STREAM),
+        (subjects.EVALUATED, subjects.EVENTS_STREAM),
+        (subjects.dead_letter("eval-gate"), subjects.DLQ_STREAM),
+        (subjects.infer("p", "w", "a"), subjects.INFER_STREAM),
+    ],
+)
 def test_stream_of(subject, stream):
     assert subjects.stream_of(subject) == stream
 

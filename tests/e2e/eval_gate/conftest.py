@@ -24,20 +24,47 @@ def tone_dataset(tone: str) -> list[dict]:
     and not, with each criterion."""
     answer = TONES[tone]
     marker = answer.split()[0].strip("!,")  # "Ahoy" / "Dear"
-    evals = [{"split": "eval", "id": f"contains-{i}", "criterion": "contains", "expected": marker,
-              "messages": [{"role": "user", "content": q}]} for i, q in enumerate(UNSEEN)]  # fmt: skip
-    evals.append({"split": "eval", "id": "regex", "criterion": "regex", "expected": rf"(?i)\b{marker}\b",
-                  "messages": [{"role": "user", "content": QUESTIONS[0]}]})  # fmt: skip
-    evals.append({"split": "eval", "id": "loglik", "criterion": "loglik", "min_score": -1.0,
-                  "messages": [{"role": "user", "content": UNSEEN[0]}, {"role": "assistant", "content": answer}]})
+    evals = [
+        {
+            "split": "eval",
+            "id": f"contains-{i}",
+            "criterion": "contains",
+            "expected": marker,
+            "messages": [{"role": "user", "content": q}],
+        }
+        for i, q in enumerate(UNSEEN)
+    ]
+    evals.append(
+        {
+            "split": "eval",
+            "id": "regex",
+            "criterion": "regex",
+            "expected": rf"(?i)\b{marker}\b",
+            "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        }
+    )
+    evals.append(
+        {
+            "split": "eval",
+            "id": "loglik",
+            "criterion": "loglik",
+            "min_score": -1.0,
+            "messages": [{"role": "user", "content": UNSEEN[0]}, {"role": "assistant", "content": answer}],
+        }
+    )
     return tone_examples(answer) + evals
 
 
 def gate_settings(connections, **overrides):
     from services.eval_gate.settings import EvalGateSettings
 
-    defaults = dict(base_model=BASE, durable=f"test-gate-{uuid.uuid4().hex[:8]}", deliver_policy="new",
-                    ack_wait_s=15.0, parity_prompts=2)  # fmt: skip
+    defaults = dict(
+        base_model=BASE,
+        durable=f"test-gate-{uuid.uuid4().hex[:8]}",
+        deliver_policy="new",
+        ack_wait_s=15.0,
+        parity_prompts=2,
+    )
     return EvalGateSettings(connections=connections, **{**defaults, **overrides})
 
 

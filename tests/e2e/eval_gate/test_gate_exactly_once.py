@@ -32,8 +32,13 @@ async def verdicts_for(nats_url: str, digest: str) -> list[EvaluationResult]:
 def _gate_process(env: dict, log_path) -> subprocess.Popen:
     log = open(log_path, "a")
     # Its own process group: SIGKILL takes the gate and its vLLM engine processes down together.
-    return subprocess.Popen([sys.executable, "-m", "services.eval_gate"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.eval_gate"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 async def _wait_for_log(proc: subprocess.Popen, log_path, text: str, timeout_s: float = 240) -> None:
@@ -53,17 +58,25 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-async def test_gate_killed_mid_evaluation_completes_exactly_once(stack, connections, gate_registry, tones,
-                                                                 base_model_path, tmp_path):  # fmt: skip
+async def test_gate_killed_mid_evaluation_completes_exactly_once(
+    stack, connections, gate_registry, tones, base_model_path, tmp_path
+):
     # A base of its own (same shapes as SmolLM2), so that only the subprocess gates evaluate it.
     base = f"smollm2-kill-{uuid.uuid4().hex[:4]}"
     config = json.loads((base_model_path / "config.json").read_text())
     registered = await gate_registry.client.post("/v1/base-models", json={"name": base, "config": config})
     assert registered.status_code == 201, registered.text
-    env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_EVAL_GATE_BASE_MODEL": base,
-           "LPX_EVAL_GATE_MODEL_PATH": str(base_model_path), "LPX_EVAL_GATE_DURABLE": f"kill-{uuid.uuid4().hex[:8]}",
-           "LPX_EVAL_GATE_DELIVER_POLICY": "new", "LPX_EVAL_GATE_ACK_WAIT_S": "10",
-           "LPX_EVAL_GATE_WORK_DIR": str(tmp_path / "work"), "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(stack.env_file),
+        "LPX_EVAL_GATE_BASE_MODEL": base,
+        "LPX_EVAL_GATE_MODEL_PATH": str(base_model_path),
+        "LPX_EVAL_GATE_DURABLE": f"kill-{uuid.uuid4().hex[:8]}",
+        "LPX_EVAL_GATE_DELIVER_POLICY": "new",
+        "LPX_EVAL_GATE_ACK_WAIT_S": "10",
+        "LPX_EVAL_GATE_WORK_DIR": str(tmp_path / "work"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
     log_path = tmp_path / "gate.log"
     tenant = await new_tenant(gate_registry, "kill")
     path = distinct_copy(tones["pirate"].path, tmp_path / "copy", "kill-test", base=base)
@@ -108,8 +121,11 @@ async def test_a_redelivered_event_is_not_evaluated_twice(connections, gate_regi
         js = nc.jetstream()
         # The same event again under another Nats-Msg-Id (JetStream's de-duplication does not catch it).
         copy = await js.publish(original.subject, original.data, headers={"Nats-Msg-Id": uuid.uuid4().hex})
-        junk = [copy, await js.publish(subjects.adapter_event("registered"), b'{"kind": "registered", "tenant": 1}'),
-                await js.publish(subjects.adapter_event("registered"), b"not json at all")]
+        junk = [
+            copy,
+            await js.publish(subjects.adapter_event("registered"), b'{"kind": "registered", "tenant": 1}'),
+            await js.publish(subjects.adapter_event("registered"), b"not json at all"),
+        ]
 
         async def letters():
             msgs = await stream_messages(connections.nats_url, subjects.DLQ_STREAM, subjects.dead_letter("eval-gate"))

@@ -21,8 +21,13 @@ async def test_tone_adapter_trained_on_its_dataset_passes_and_serves(gate_regist
     assert row["status"] == "active", row["status_reason"]
     assert row["current"] and row["status_reason"] == "evaluation passed"
     assert [(c["name"], c["status"]) for c in report["checks"]] == [
-        ("integrity", "passed"), ("structure", "passed"), ("load", "passed"), ("eval", "passed"),
-        ("regression", "passed"), ("parity", "passed")]  # fmt: skip
+        ("integrity", "passed"),
+        ("structure", "passed"),
+        ("load", "passed"),
+        ("eval", "passed"),
+        ("regression", "passed"),
+        ("parity", "passed"),
+    ]
     candidate = report["candidate"]
     assert candidate["passed"] == candidate["total"] == 5
     assert all("Ahoy" in c["answer"] for c in candidate["cases"] if c["criterion"] == "contains")
@@ -47,8 +52,14 @@ async def test_random_weights_fail_and_stay_inactive(gate_registry, gate, base_m
     assert row["status_reason"].startswith("eval: pass rate 0.00 (0/5), threshold 0.80"), row["status_reason"]
     assert row["eval_report"]["dataset"]["name"] == "support-data"
     statuses = {c["name"]: c["status"] for c in row["eval_report"]["checks"]}
-    assert statuses == {"integrity": "passed", "structure": "passed", "load": "passed", "eval": "failed",
-                        "regression": "skipped", "parity": "skipped"}  # fmt: skip
+    assert statuses == {
+        "integrity": "passed",
+        "structure": "passed",
+        "load": "passed",
+        "eval": "failed",
+        "regression": "skipped",
+        "parity": "skipped",
+    }
     refused = await gate_registry.client.get(f"/v1/resolve/{tenant}/support")
     assert refused.status_code == 409, refused.text
     assert failures() == before + 1
@@ -114,8 +125,9 @@ async def test_a_rejected_version_is_re_evaluated_on_request(gate_registry, gate
     from tests.e2e.eval_gate.conftest import tone_dataset
 
     assert (await gate_registry.push_dataset(tenant, "support-data", tone_dataset("pirate"))).status_code == 201
-    reply = await gate_registry.client.post(f"/v1/tenants/{tenant}/adapters/support/versions/1/evaluate",
-                                            json={"requested_by": "e2e"})  # fmt: skip
+    reply = await gate_registry.client.post(
+        f"/v1/tenants/{tenant}/adapters/support/versions/1/evaluate", json={"requested_by": "e2e"}
+    )
     assert reply.status_code == 200 and reply.json()["status"] == "pending", reply.text
     row = await wait_for_verdict(gate_registry, tenant, "support", 1)
     assert row["status"] == "active", row["status_reason"]

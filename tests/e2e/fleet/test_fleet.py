@@ -29,8 +29,9 @@ def zipf_aliases(aliases: list[str], count: int, seed: int = 0, s: float = 1.0) 
 async def _submit_all(client, key: str, plan: list[str], rate_per_s: float) -> list[tuple[str, str]]:
     sent = []
     for alias in plan:
-        rid = await client.submit(alias, messages=[{"role": "user", "content": "hello"}], max_tokens=8,
-                                  api_key=key, timeout_s=240)  # fmt: skip
+        rid = await client.submit(
+            alias, messages=[{"role": "user", "content": "hello"}], max_tokens=8, api_key=key, timeout_s=240
+        )
         sent.append((rid, alias))
         await asyncio.sleep(1.0 / rate_per_s)
     return sent
@@ -63,8 +64,9 @@ async def _usage_totals(registry, tenant: str, requests: int, timeout_s: float =
         await asyncio.sleep(0.5)
 
 
-async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, fleet_tenant, connections,
-                                                                     gateway_registry):  # noqa: F811
+async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(
+    fleet, fleet_tenant, connections, gateway_registry
+):
     from libs.client import LoraplexClient
 
     urls = [fleet.start_gateway(f"gw-{i}") for i in range(GATEWAYS)]
@@ -104,7 +106,7 @@ async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, flee
             while True:
                 try:
                     await client.js.consumer_info(subjects.INFER_STREAM, durable)
-                except Exception:  # noqa: BLE001 - NotFound: retired
+                except Exception:
                     break
                 assert time.monotonic() - killed_at < 60, f"consumer {durable} still there"
                 await asyncio.sleep(0.5)
@@ -117,5 +119,9 @@ async def test_fleet_survives_a_gateway_and_a_quarter_of_the_workers(fleet, flee
     returned = [(r.prompt_tokens, r.completion_tokens) for r in results]
     returned += [(b["usage"]["prompt_tokens"], b["usage"]["completion_tokens"]) for _, b in answered_http]
     totals = await _usage_totals(gateway_registry, fleet_tenant.tenant, len(returned))
-    assert totals == {"requests": len(returned), "prompt_tokens": sum(p for p, _ in returned),
-                      "completion_tokens": sum(c for _, c in returned), "errors": 0}  # fmt: skip
+    assert totals == {
+        "requests": len(returned),
+        "prompt_tokens": sum(p for p, _ in returned),
+        "completion_tokens": sum(c for _, c in returned),
+        "errors": 0,
+    }

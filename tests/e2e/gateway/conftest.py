@@ -41,8 +41,10 @@ async def _push_and_activate(registry, tenant: str, adapter: str, path) -> str:
     reply = await registry.push(tenant, adapter, path)
     assert reply.status_code == 201, reply.text
     version = reply.json()["version"]
-    reply = await registry.client.post(f"/v1/tenants/{tenant}/adapters/{adapter}/versions/{version['number']}/activate",
-                                       json={"actor": "e2e", "reason": "gateway e2e fixture"})  # fmt: skip
+    reply = await registry.client.post(
+        f"/v1/tenants/{tenant}/adapters/{adapter}/versions/{version['number']}/activate",
+        json={"actor": "e2e", "reason": "gateway e2e fixture"},
+    )
     assert reply.status_code == 200, reply.text
     return version["digest"]
 
@@ -125,8 +127,11 @@ class ServedGateway:
         self.app = create_app(settings, gateway=Gateway(settings, telemetry=telemetry))
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on", access_log=False))  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", access_log=False
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 
     @property
@@ -160,9 +165,16 @@ class ServedGateway:
 def gateway_settings(connections, **overrides):
     from services.gateway.settings import GatewaySettings
 
-    values = dict(port=free_port(), connections=connections, heartbeat_staleness_s=3.0, pool_poll_s=0.25,
-                  request_timeout_s=180.0, max_prompt_chars=4000, base_models=[BASE],
-                  drain_grace_s=5.0)  # fmt: skip
+    values = dict(
+        port=free_port(),
+        connections=connections,
+        heartbeat_staleness_s=3.0,
+        pool_poll_s=0.25,
+        request_timeout_s=180.0,
+        max_prompt_chars=4000,
+        base_models=[BASE],
+        drain_grace_s=5.0,
+    )
     values.update(overrides)
     return GatewaySettings(**values)
 

@@ -24,9 +24,11 @@ async def test_alias_move_invalidates_the_cache(gateway, gateway_registry, tones
     await make_worker("gw-move")
     await gateway.wait_workers(1)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=240, headers={"Authorization": f"Bearer {key}"}) as http:
+
         async def served_digest() -> str:
-            reply = await http.post("/v1/chat/completions", json={"model": "support", "messages": QUESTION,
-                                                                  "max_tokens": 4})  # fmt: skip
+            reply = await http.post(
+                "/v1/chat/completions", json={"model": "support", "messages": QUESTION, "max_tokens": 4}
+            )
             assert reply.status_code == 200, reply.text
             return reply.json()["system_fingerprint"]
 

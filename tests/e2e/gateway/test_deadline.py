@@ -20,8 +20,9 @@ async def test_deadline_is_504(connections, gateway_registry, tenants, make_work
         await make_worker("gw-slow")
         await served.wait_workers(1)
         body = {"model": "support", "max_tokens": 64, "messages": [{"role": "user", "content": "Tell me a story."}]}
-        async with httpx.AsyncClient(base_url=served.url, timeout=60,
-                                     headers={"Authorization": f"Bearer {tenants.key_a}"}) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=served.url, timeout=60, headers={"Authorization": f"Bearer {tenants.key_a}"}
+        ) as http:
             reply = await http.post("/v1/chat/completions", json=body)
             assert reply.status_code == 504, reply.text
             assert reply.json()["error"]["code"] == "deadline_exceeded"

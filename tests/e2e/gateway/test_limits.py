@@ -175,9 +175,7 @@ async def test_two_gateway_replicas_count_a_tenant_against_the_same_limits(
         one, two = oa(gateway, key), oa(second, key)
         await asyncio.to_thread(ask, one)
         await asyncio.to_thread(ask, two)
-        reply = await gateway_registry.client.put(
-            f"/v1/tenants/{tenant}/limits", json={"concurrency": 1, "weight": 3}
-        )
+        reply = await gateway_registry.client.put(f"/v1/tenants/{tenant}/limits", json={"concurrency": 1, "weight": 3})
         assert reply.status_code == 200
         for served in (gateway, second):
             await until(lambda s=served: not any(k[1] == tenant for k in s.gateway.cache._entries))

@@ -31,8 +31,9 @@ async def test_openai_client_chat_completions_streaming_models(gateway, tenants,
     assert chat.model == "support" and chat.usage.completion_tokens > 0 and chat.choices[0].finish_reason
     assert chat.system_fingerprint == tenants.digest_a  # the digest the worker applied (checked by the gateway)
 
-    pinned = await asyncio.to_thread(client.chat.completions.create, model="support-v1", messages=QUESTION,
-                                     max_tokens=24)  # fmt: skip
+    pinned = await asyncio.to_thread(
+        client.chat.completions.create, model="support-v1", messages=QUESTION, max_tokens=24
+    )
     assert pinned.choices[0].message.content == text  # same version, greedy: same answer
 
     def stream_chat() -> list:
@@ -43,14 +44,14 @@ async def test_openai_client_chat_completions_streaming_models(gateway, tenants,
     assert len([p for p in pieces if p]) > 2, pieces  # really streamed, token by token
     assert "".join(pieces) == text and chunks[-1].choices[0].finish_reason in ("length", "stop")
 
-    completion = await asyncio.to_thread(client.completions.create, model=BASE, prompt="The capital of France is",
-                                         max_tokens=8)  # fmt: skip
+    completion = await asyncio.to_thread(
+        client.completions.create, model=BASE, prompt="The capital of France is", max_tokens=8
+    )
     assert completion.choices[0].text.strip() and completion.usage.completion_tokens > 0
     assert completion.system_fingerprint is None  # base model: no adapter applied
 
     def stream_completion() -> list:
-        return list(client.completions.create(model=BASE, prompt="The capital of France is", max_tokens=8,
-                                              stream=True))  # fmt: skip
+        return list(client.completions.create(model=BASE, prompt="The capital of France is", max_tokens=8, stream=True))
 
     parts = await asyncio.to_thread(stream_completion)
     assert "".join(p.choices[0].text for p in parts) == completion.choices[0].text
@@ -96,21 +97,27 @@ async def test_refusals_have_openai_shape_and_status(gateway, tenants, make_work
             await asyncio.to_thread(client.chat.completions.create, model=model, messages=QUESTION)
 
     async with httpx.AsyncClient(base_url=gateway.url, headers={"Authorization": f"Bearer {tenants.key_a}"}) as http:
+
         async def post(model: str, **extra) -> httpx.Response:
             return await http.post("/v1/chat/completions", json={"model": model, "messages": QUESTION, **extra})
 
         foreign, unknown = await post("concierge"), await post("ghost-alias")
         assert foreign.status_code == unknown.status_code == 404
-        assert foreign.json() == {"error": {k: (v.replace("ghost-alias", "concierge") if isinstance(v, str) else v)
-                                            for k, v in unknown.json()["error"].items()}}  # fmt: skip
+        assert foreign.json() == {
+            "error": {
+                k: (v.replace("ghost-alias", "concierge") if isinstance(v, str) else v)
+                for k, v in unknown.json()["error"].items()
+            }
+        }
         assert foreign.json()["error"]["code"] == "model_not_found"
 
         bad = await post("support", temperature=7)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
         missing = await http.post("/v1/chat/completions", json={"model": "support"})
         assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
-        too_long = await http.post("/v1/chat/completions", json={
-            "model": "support", "messages": [{"role": "user", "content": "x" * 5000}]})  # fmt: skip
+        too_long = await http.post(
+            "/v1/chat/completions", json={"model": "support", "messages": [{"role": "user", "content": "x" * 5000}]}
+        )
         assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
         unauth = await http.get("/v1/models", headers={"Authorization": "Bearer nope"})
         assert unauth.status_code == 401 and unauth.json()["error"]["code"] == "invalid_api_key"

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.e2e
 QUESTION = [{"role": "user", "content": "Where is my order?"}]
 
 
-async def test_cached_aliases_keep_serving_while_postgres_is_down(gateway_postgres, gateway_registry, connections,
-                                                                  tones, make_worker):  # fmt: skip
+async def test_cached_aliases_keep_serving_while_postgres_is_down(
+    gateway_postgres, gateway_registry, connections, tones, make_worker
+):
     tenant = f"gw-pgdown-{uuid.uuid4().hex[:6]}"
     key = await gateway_registry.create_tenant(tenant)
     digest = await _push_and_activate(gateway_registry, tenant, "support", tones["pirate"].path)
@@ -27,11 +28,14 @@ async def test_cached_aliases_keep_serving_while_postgres_is_down(gateway_postgr
     try:
         await make_worker("gw-pgdown")
         await served.wait_workers(1)
-        async with httpx.AsyncClient(base_url=served.url, timeout=240,
-                                     headers={"Authorization": f"Bearer {key}"}) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=served.url, timeout=240, headers={"Authorization": f"Bearer {key}"}
+        ) as http:
+
             async def ask(model: str) -> httpx.Response:
-                return await http.post("/v1/chat/completions",
-                                       json={"model": model, "messages": QUESTION, "max_tokens": 16})
+                return await http.post(
+                    "/v1/chat/completions", json={"model": model, "messages": QUESTION, "max_tokens": 16}
+                )
 
             before = await ask("support")
             assert before.status_code == 200 and before.json()["system_fingerprint"] == digest

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.e2e
 QUESTION = [{"role": "user", "content": "Where is my order?"}]
 
 
-async def test_submit_result_stream_and_no_double_generation(gateway, gateway_registry, tenants, make_worker,
-                                                              stack_nats_url):  # fmt: skip
+async def test_submit_result_stream_and_no_double_generation(
+    gateway, gateway_registry, tenants, make_worker, stack_nats_url
+):
     worker = await make_worker("gw-sub")
     await gateway.wait_workers(1)
     # The tenant's own NATS credential: what a tenant's async client has, nothing more.

@@ -20,8 +20,11 @@ async def test_one_trace_from_http_to_the_worker(gateway, tenants, make_worker):
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     headers = {"Authorization": f"Bearer {tenants.key_a}", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=240) as http:
-        reply = await http.post("/v1/chat/completions", headers=headers, json={
-            "model": "support", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+        reply = await http.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "support", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
+        )
     assert reply.status_code == 200, reply.text
     rid = reply.headers["x-request-id"]
     await asyncio.sleep(0.5)

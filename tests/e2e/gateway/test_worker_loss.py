@@ -19,19 +19,31 @@ from tests.e2e.worker.test_worker_drain import _wait_for_heartbeat
 pytestmark = pytest.mark.e2e
 
 
-async def test_sigkill_one_worker_every_request_completes_once(stack, base_model_path, gateway, tenants, make_worker,
-                                                               client, tmp_path):  # fmt: skip
-    env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_WORKER_WORKER_ID": "gw-kill",
-           "LPX_WORKER_POOL": POOL, "LPX_WORKER_BASE_MODEL": BASE, "LPX_WORKER_MODEL_PATH": str(base_model_path),
-           "LPX_WORKER_MAX_LORAS": "2", "LPX_WORKER_MAX_CPU_LORAS": "2", "LPX_WORKER_CAPACITY": "4",
-           "LPX_WORKER_HEARTBEAT_INTERVAL_S": "0.5", "LPX_WORKER_HEARTBEAT_TTL_S": "3",
-           "LPX_WORKER_DISK_CACHE_DIR": str(tmp_path / "cache-gw-kill"), "LPX_WORKER_LOG_FORMAT": "json",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+async def test_sigkill_one_worker_every_request_completes_once(
+    stack, base_model_path, gateway, tenants, make_worker, client, tmp_path
+):
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(stack.env_file),
+        "LPX_WORKER_WORKER_ID": "gw-kill",
+        "LPX_WORKER_POOL": POOL,
+        "LPX_WORKER_BASE_MODEL": BASE,
+        "LPX_WORKER_MODEL_PATH": str(base_model_path),
+        "LPX_WORKER_MAX_LORAS": "2",
+        "LPX_WORKER_MAX_CPU_LORAS": "2",
+        "LPX_WORKER_CAPACITY": "4",
+        "LPX_WORKER_HEARTBEAT_INTERVAL_S": "0.5",
+        "LPX_WORKER_HEARTBEAT_TTL_S": "3",
+        "LPX_WORKER_DISK_CACHE_DIR": str(tmp_path / "cache-gw-kill"),
+        "LPX_WORKER_LOG_FORMAT": "json",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
     log = open(tmp_path / "gw-kill.log", "w")
     # Its own process group: SIGKILL takes the worker and its vLLM engine processes down together, as a
     # crashed host would (killing only the parent would leave the engine core orphaned and busy).
-    proc = subprocess.Popen([sys.executable, "-m", "services.worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.worker"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     gw = gateway.gateway
     try:
         await _wait_for_heartbeat(client.js, "gw-kill", proc)
@@ -39,12 +51,19 @@ async def test_sigkill_one_worker_every_request_completes_once(stack, base_model
         await gateway.wait_workers(2)
         rerouted_before = gw.rerouter.rerouted
         models = ["support", BASE]
-        async with httpx.AsyncClient(base_url=gateway.url, timeout=300,
-                                     headers={"Authorization": f"Bearer {tenants.key_a}"}) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=gateway.url, timeout=300, headers={"Authorization": f"Bearer {tenants.key_a}"}
+        ) as http:
+
             async def ask(i: int) -> httpx.Response:
-                return await http.post("/v1/chat/completions", json={
-                    "model": models[i % 2], "max_tokens": 32,
-                    "messages": [{"role": "user", "content": f"Question number {i}: where is my order?"}]})
+                return await http.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": models[i % 2],
+                        "max_tokens": 32,
+                        "messages": [{"role": "user", "content": f"Question number {i}: where is my order?"}],
+                    },
+                )
 
             calls = [asyncio.create_task(ask(i)) for i in range(8)]
             loop = asyncio.get_running_loop()

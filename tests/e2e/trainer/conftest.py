@@ -59,8 +59,11 @@ class RegistryProcess:
         self.keys[name] = created.json()["api_key"]
         if lines is not None:
             body = "".join(json.dumps(line) + "\n" for line in lines).encode()
-            reply = await self.client.post("/v1/datasets", data={"tenant": name, "name": "support-data"},
-                                           files={"file": ("support-data.jsonl", body)})  # fmt: skip
+            reply = await self.client.post(
+                "/v1/datasets",
+                data={"tenant": name, "name": "support-data"},
+                files={"file": ("support-data.jsonl", body)},
+            )
             assert reply.status_code == 201, reply.text
         return name
 
@@ -72,10 +75,16 @@ class RegistryProcess:
 async def registry_proc(connections, stack, tmp_path_factory):
     # Module-scoped: every registry answers the same NATS queue group, so only one may run at a time.
     port = procs.free_port()
-    env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_PG_DSN": await create_database(connections),
-           "LPX_REGISTRY_PORT": str(port), "LPX_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
-           "LPX_REGISTRY_EVAL_DURABLE": f"train-{uuid.uuid4().hex[:8]}", "LPX_REGISTRY_EVAL_DELIVER_POLICY": "new",
-           "LPX_REGISTRY_OUTBOX_POLL_S": "0.2"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(stack.env_file),
+        "LPX_PG_DSN": await create_database(connections),
+        "LPX_REGISTRY_PORT": str(port),
+        "LPX_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
+        "LPX_REGISTRY_EVAL_DURABLE": f"train-{uuid.uuid4().hex[:8]}",
+        "LPX_REGISTRY_EVAL_DELIVER_POLICY": "new",
+        "LPX_REGISTRY_OUTBOX_POLL_S": "0.2",
+    }
     log = tmp_path_factory.mktemp("registry") / "registry.log"
     url, proc = start_registry(env, log)
     running = RegistryProcess(url, env, proc, log)
@@ -101,12 +110,23 @@ class TrainerProcess:
     """`python -m services.trainer` in its own process group (SIGKILL takes it down whole)."""
 
     def __init__(self, registry: RegistryProcess, trainer_id: str, log: Path, **env: str) -> None:
-        self.env = {**registry.env, "LPX_TRAINER_TRAINER_ID": trainer_id, "LPX_TRAINER_REGISTRY_URL": registry.url,
-                    "LPX_TRAINER_ADMIN_TOKEN": ADMIN_TOKEN, **env}  # fmt: skip
+        self.env = {
+            **registry.env,
+            "LPX_TRAINER_TRAINER_ID": trainer_id,
+            "LPX_TRAINER_REGISTRY_URL": registry.url,
+            "LPX_TRAINER_ADMIN_TOKEN": ADMIN_TOKEN,
+            **env,
+        }
         self.log = log
         self._out = open(log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.trainer"], cwd=REPO, env=self.env,
-                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.trainer"],
+            cwd=REPO,
+            env=self.env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     async def wait_ready(self, timeout_s: float = 120) -> None:
         loop = asyncio.get_running_loop()

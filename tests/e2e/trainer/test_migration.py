@@ -45,8 +45,16 @@ def models_root(base_model_path, base_b, tmp_path_factory) -> Path:
 def stubborn_dataset() -> list[dict]:
     """Trains the pirate tone but its eval cases want French: no version of it ever passes the gate."""
     train = [line for line in tone_dataset("pirate") if line.get("split", "train") == "train"]
-    evals = [{"split": "eval", "id": f"fr-{i}", "criterion": "contains", "expected": "Bonjour",
-              "messages": [{"role": "user", "content": q}]} for i, q in enumerate(["Hello?", "Where is my order?"])]
+    evals = [
+        {
+            "split": "eval",
+            "id": f"fr-{i}",
+            "criterion": "contains",
+            "expected": "Bonjour",
+            "messages": [{"role": "user", "content": q}],
+        }
+        for i, q in enumerate(["Hello?", "Where is my order?"])
+    ]
     return train + evals
 
 
@@ -56,7 +64,8 @@ async def progress_events(nats_url: str, job_id: str) -> list[TrainProgress]:
 
 
 async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants(
-        registry_proc, gate_a, connections, engine, tones, store, base_b, models_root, tmp_path):  # fmt: skip
+    registry_proc, gate_a, connections, engine, tones, store, base_b, models_root, tmp_path
+):
     reg = registry_proc
     config = json.loads((base_b / "config.json").read_text())
     assert (await reg.client.post("/v1/base-models", json={"name": BASE_B, "config": config})).status_code == 201
@@ -65,10 +74,11 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
     formal = await reg.new_tenant("mig-b", tone_dataset("formal"))
     stubborn = await reg.new_tenant("mig-c", stubborn_dataset())
     for tenant, tone in ((pirate, "pirate"), (formal, "formal"), (stubborn, "pirate")):
-        pushed = await reg.client.post("/v1/adapters", data={"tenant": tenant, "adapter": "support",
-                                       "base_model": BASE_A, "dataset": "support-data"},
-                                       files=[("files", (p.name, p.read_bytes())) for p in
-                                              sorted(tones[tone].path.iterdir())])  # fmt: skip
+        pushed = await reg.client.post(
+            "/v1/adapters",
+            data={"tenant": tenant, "adapter": "support", "base_model": BASE_A, "dataset": "support-data"},
+            files=[("files", (p.name, p.read_bytes())) for p in sorted(tones[tone].path.iterdir())],
+        )
         assert pushed.status_code == 201, pushed.text
 
     async def decided(tenant):
@@ -78,21 +88,27 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
     assert (await wait_for(lambda: decided(pirate), 120, what="pirate verdict"))["status"] == "active"
     assert (await wait_for(lambda: decided(formal), 120, what="formal verdict"))["status"] == "active"
     assert (await wait_for(lambda: decided(stubborn), 120, what="stubborn verdict"))["status"] == "rejected"
-    override = await reg.client.post(f"/v1/tenants/{stubborn}/adapters/support/versions/1/activate",
-                                     json={"actor": "e2e", "reason": "serves on A despite its French eval set"})
+    override = await reg.client.post(
+        f"/v1/tenants/{stubborn}/adapters/support/versions/1/activate",
+        json={"actor": "e2e", "reason": "serves on A despite its French eval set"},
+    )
     assert override.status_code == 200
 
     # --- plan and start --------------------------------------------------------------------------
     status, output = await reg.lpx("migrate", "plan", "--from", BASE_A, "--to", BASE_B, "--steps", "16")
     assert status == 0 and "3 of 3 adapters retrainable" in output and "GPU-hours" in output, output
-    trainer_env = {"LPX_TRAINER_MODELS_ROOT": str(models_root), "LPX_TRAINER_ACK_WAIT_S": "10",
-                   "LPX_TRAINER_WORK_DIR": str(tmp_path / "work")}  # fmt: skip
+    trainer_env = {
+        "LPX_TRAINER_MODELS_ROOT": str(models_root),
+        "LPX_TRAINER_ACK_WAIT_S": "10",
+        "LPX_TRAINER_WORK_DIR": str(tmp_path / "work"),
+    }
     first = TrainerProcess(reg, "trainer-first", tmp_path / "trainer.log", **trainer_env)
     second = None
     try:
         await first.wait_ready()
-        status, output = await reg.lpx("migrate", "start", "--from", BASE_A, "--to", BASE_B, "--steps", "16",
-                                       "--batch-size", "2", "--seed", "7")  # fmt: skip
+        status, output = await reg.lpx(
+            "migrate", "start", "--from", BASE_A, "--to", BASE_B, "--steps", "16", "--batch-size", "2", "--seed", "7"
+        )
         assert status == 0 and "started: 3 adapters" in output, output
         migration_id = output.split("migration ")[1].split()[0]
         migration = (await reg.client.get(f"/v1/migrations/{migration_id}")).json()
@@ -102,8 +118,9 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
         # --- SIGKILL the trainer half way: the first tenant done, the second in training -----------
         async def half_way():
             items = (await reg.client.get(f"/v1/migrations/{migration_id}")).json()["items"]
-            second_training = [e for e in await progress_events(connections.nats_url, jobs[1])
-                               if e.stage == "training" and e.step >= 2]  # fmt: skip
+            second_training = [
+                e for e in await progress_events(connections.nats_url, jobs[1]) if e.stage == "training" and e.step >= 2
+            ]
             return items[0]["new_version"] is not None and second_training
 
         await wait_for(half_way, 400, what="the first tenant pushed and the second training")
@@ -125,8 +142,9 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
         if second is not None:
             second.stop()
     # Each tenant was trained to completion exactly once; only the one interrupted started twice.
-    started = [[e.trainer_id for e in await progress_events(connections.nats_url, j) if e.stage == "started"]
-               for j in jobs]  # fmt: skip
+    started = [
+        [e.trainer_id for e in await progress_events(connections.nats_url, j) if e.stage == "started"] for j in jobs
+    ]
     pushed = [[e for e in await progress_events(connections.nats_url, j) if e.stage == "pushed"] for j in jobs]
     assert started[0] == ["trainer-first"] and started[1] == ["trainer-first", "trainer-second"], started
     assert started[2] == ["trainer-second"] and [len(p) for p in pushed] == [1, 1, 1], (started, pushed)
@@ -136,8 +154,12 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
     from services.worker.app import Worker
 
     engine_b = create_engine(EngineConfig(model_path=base_b, max_loras=2, max_cpu_loras=4))
-    gate_b = EvalGate(gate_settings(connections, base_model=BASE_B, model_path=base_b, deliver_policy="all",
-                                    work_dir=tmp_path / "gate-b"), engine=engine_b)  # fmt: skip
+    gate_b = EvalGate(
+        gate_settings(
+            connections, base_model=BASE_B, model_path=base_b, deliver_policy="all", work_dir=tmp_path / "gate-b"
+        ),
+        engine=engine_b,
+    )
     workers, served = [], None
     try:
         await gate_b.start()
@@ -169,8 +191,10 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
         assert "Ahoy" not in old and "Ahoy" in new, (old, new)
 
         # Pools per base, one gateway: each tenant is served on the base its alias resolves to.
-        for worker_id, pool, base, eng in (("mig-wa", "mig-a-r16", BASE_A, engine), ("mig-wb", "mig-b-r16", BASE_B,
-                                                                                        engine_b)):  # fmt: skip
+        for worker_id, pool, base, eng in (
+            ("mig-wa", "mig-a-r16", BASE_A, engine),
+            ("mig-wb", "mig-b-r16", BASE_B, engine_b),
+        ):
             worker = Worker(worker_settings(connections, tmp_path, worker_id, pool=pool, base_model=base), engine=eng)
             await worker.start()
             workers.append(worker)
@@ -179,9 +203,11 @@ async def test_migration_survives_a_trainer_crash_and_moves_only_passing_tenants
         await served.wait_workers(2)
         async with httpx.AsyncClient(base_url=served.url, timeout=300) as http:
             for tenant, worker_id in ((pirate, "mig-wb"), (stubborn, "mig-wa")):
-                reply = await http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {reg.keys[tenant]}"},
-                                        json={"model": "support", "max_tokens": 16,
-                                              "messages": [{"role": "user", "content": question}]})  # fmt: skip
+                reply = await http.post(
+                    "/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {reg.keys[tenant]}"},
+                    json={"model": "support", "max_tokens": 16, "messages": [{"role": "user", "content": question}]},
+                )
                 assert reply.status_code == 200, reply.text
                 assert reply.headers["x-lpx-worker"] == worker_id
                 assert "Ahoy" in reply.json()["choices"][0]["message"]["content"]

@@ -42,8 +42,13 @@ async def _bad_jobs_are_handled(registry_proc, tenant: str, url: str):
     from tests.integration.registry.events import stream_messages
 
     row = (await registry_proc.client.get(f"/v1/tenants/{tenant}/datasets")).json()[0]
-    job = TrainJob(tenant=tenant, adapter="other", base_model="no-such-base", steps=1,
-                   dataset=DatasetRef(**{k: row[k] for k in ("name", "digest", "object_key")}))  # fmt: skip
+    job = TrainJob(
+        tenant=tenant,
+        adapter="other",
+        base_model="no-such-base",
+        steps=1,
+        dataset=DatasetRef(**{k: row[k] for k in ("name", "digest", "object_key")}),
+    )
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -70,23 +75,30 @@ async def _bad_jobs_are_handled(registry_proc, tenant: str, url: str):
 
 
 async def answer(engine, spec: AdapterSpec | None, question: str) -> str:
-    request = GenerationRequest(request_id=f"t-{question[:8]}-{spec.digest[:8] if spec else 'base'}",
-                                messages=[{"role": "user", "content": question}], max_tokens=24, adapter=spec)
+    request = GenerationRequest(
+        request_id=f"t-{question[:8]}-{spec.digest[:8] if spec else 'base'}",
+        messages=[{"role": "user", "content": question}],
+        max_tokens=24,
+        adapter=spec,
+    )
     return "".join([chunk.text async for chunk in engine.generate(request)])
 
 
-async def test_lpx_train_produces_an_adapter_that_passes_the_gate(registry_proc, gate_a, engine, store, connections,
-                                                                  tmp_path):  # fmt: skip
+async def test_lpx_train_produces_an_adapter_that_passes_the_gate(
+    registry_proc, gate_a, engine, store, connections, tmp_path
+):
     tenant = await registry_proc.new_tenant("train", None)
     data = tmp_path / "support-data.jsonl"
     write_jsonl(data, tone_dataset("pirate"))
     assert (await registry_proc.lpx("dataset", "push", tenant, str(data)))[0] == 0
-    trainer = TrainerProcess(registry_proc, "trainer-one", tmp_path / "trainer.log",
-                             LPX_TRAINER_WORK_DIR=str(tmp_path / "work"))  # fmt: skip
+    trainer = TrainerProcess(
+        registry_proc, "trainer-one", tmp_path / "trainer.log", LPX_TRAINER_WORK_DIR=str(tmp_path / "work")
+    )
     try:
         await trainer.wait_ready()
-        status, output = await registry_proc.lpx("train", tenant, "--dataset", "support-data", "--steps", "12",
-                                                 "--batch-size", "2", "--seed", "3")  # fmt: skip
+        status, output = await registry_proc.lpx(
+            "train", tenant, "--dataset", "support-data", "--steps", "12", "--batch-size", "2", "--seed", "3"
+        )
         refused = await _bad_jobs_are_handled(registry_proc, tenant, connections.nats_url)
     finally:
         trainer.stop()

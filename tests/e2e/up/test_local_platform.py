@@ -158,8 +158,9 @@ def as_a_user(checkout: Path, script: str, timeout: float = 2400) -> subprocess.
     """bash -e in the checkout, no LPX_ variable set, the venv's commands first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LPX_")}
     env.update(HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
-    done = subprocess.run(["bash", "-e", "-c", script], cwd=checkout, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{script}\nfailed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -186,8 +187,9 @@ def ask(home: Path, key: str) -> tuple[str, str | None]:
 
     url = platform_env(home)["LPX_GATEWAY_URL"]
     client = OpenAI(base_url=f"{url}/v1", api_key=key, timeout=300, max_retries=0)
-    reply = client.chat.completions.create(model="support", max_tokens=24, temperature=0,
-                                           messages=[{"role": "user", "content": "Where is my order?"}])  # fmt: skip
+    reply = client.chat.completions.create(
+        model="support", max_tokens=24, temperature=0, messages=[{"role": "user", "content": "Where is my order?"}]
+    )
     return reply.choices[0].message.content, reply.system_fingerprint
 
 
@@ -229,7 +231,7 @@ def test_a_killed_service_is_back_within_seconds_and_the_restart_is_counted(serv
         try:
             assert ask(home, key)[1] == digest
             break
-        except Exception:  # noqa: BLE001 - not ready yet
+        except Exception:
             if time.monotonic() > deadline:
                 raise
             time.sleep(2)

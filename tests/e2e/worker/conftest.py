@@ -73,13 +73,28 @@ class Client:
         delta = TokenDelta.model_validate_json(msg.data)
         self.deltas.setdefault(delta.request_id, []).append(delta)
 
-    async def send(self, worker: str, adapter: UploadedAdapter | None, question: str, max_tokens: int = 24,
-                   stream: bool = False, pool: str = POOL, request_id: str | None = None, **extra) -> str:
+    async def send(
+        self,
+        worker: str,
+        adapter: UploadedAdapter | None,
+        question: str,
+        max_tokens: int = 24,
+        stream: bool = False,
+        pool: str = POOL,
+        request_id: str | None = None,
+        **extra,
+    ) -> str:
         rid = request_id or f"t-{uuid.uuid4().hex[:12]}"
-        request = InferenceRequest(request_id=rid, tenant_id="tenant-e2e", base_model=BASE,
-                                   adapter=adapter.ref if adapter else None,
-                                   messages=[{"role": "user", "content": question}],
-                                   sampling=SamplingParams(max_tokens=max_tokens), stream=stream, **extra)  # fmt: skip
+        request = InferenceRequest(
+            request_id=rid,
+            tenant_id="tenant-e2e",
+            base_model=BASE,
+            adapter=adapter.ref if adapter else None,
+            messages=[{"role": "user", "content": question}],
+            sampling=SamplingParams(max_tokens=max_tokens),
+            stream=stream,
+            **extra,
+        )
         token = adapter.ref.digest if adapter else "base"
         if worker == subjects.ANY_WORKER:
             subject = subjects.infer_any(pool, token)
@@ -111,16 +126,25 @@ async def client(connections):
     yield c
     try:
         await asyncio.wait_for(nc.drain(), 10)
-    except Exception:  # noqa: BLE001
+    except Exception:
         await nc.close()
 
 
 def worker_settings(connections, tmp_path, worker_id: str, **overrides):
     from services.worker.settings import WorkerSettings
 
-    values = dict(worker_id=worker_id, pool=POOL, base_model=BASE, max_loras=2, max_cpu_loras=4, capacity=8,
-                  disk_cache_dir=tmp_path / f"cache-{worker_id}", heartbeat_interval_s=0.5, heartbeat_ttl_s=3,
-                  connections=connections)  # fmt: skip
+    values = dict(
+        worker_id=worker_id,
+        pool=POOL,
+        base_model=BASE,
+        max_loras=2,
+        max_cpu_loras=4,
+        capacity=8,
+        disk_cache_dir=tmp_path / f"cache-{worker_id}",
+        heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=3,
+        connections=connections,
+    )
     values.update(overrides)
     return WorkerSettings(**values)
 

@@ -26,26 +26,38 @@ async def _wait_for_heartbeat(js, worker_id: str, proc: subprocess.Popen, timeou
         try:
             kv = kv or await js.key_value(subjects.HEARTBEAT_BUCKET)
             return WorkerHeartbeat.model_validate_json((await kv.get(worker_id)).value)
-        except Exception:  # noqa: BLE001 - not there yet
+        except Exception:
             await asyncio.sleep(1.0)
     raise AssertionError(f"worker {worker_id} never sent a heartbeat")
 
 
-async def test_sigterm_mid_load_every_request_answered_once(stack, base_model_path, make_worker, client, tones,
-                                                             tmp_path):  # fmt: skip
-    env = {**os.environ, "LPX_ENV_FILE": str(stack.env_file), "LPX_WORKER_WORKER_ID": "w-term",
-           "LPX_WORKER_POOL": POOL, "LPX_WORKER_BASE_MODEL": BASE, "LPX_WORKER_MODEL_PATH": str(base_model_path),
-           "LPX_WORKER_MAX_LORAS": "2", "LPX_WORKER_MAX_CPU_LORAS": "2", "LPX_WORKER_CAPACITY": "2",
-           "LPX_WORKER_DISK_CACHE_DIR": str(tmp_path / "cache-w-term"), "LPX_WORKER_LOG_FORMAT": "json",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+async def test_sigterm_mid_load_every_request_answered_once(
+    stack, base_model_path, make_worker, client, tones, tmp_path
+):
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(stack.env_file),
+        "LPX_WORKER_WORKER_ID": "w-term",
+        "LPX_WORKER_POOL": POOL,
+        "LPX_WORKER_BASE_MODEL": BASE,
+        "LPX_WORKER_MODEL_PATH": str(base_model_path),
+        "LPX_WORKER_MAX_LORAS": "2",
+        "LPX_WORKER_MAX_CPU_LORAS": "2",
+        "LPX_WORKER_CAPACITY": "2",
+        "LPX_WORKER_DISK_CACHE_DIR": str(tmp_path / "cache-w-term"),
+        "LPX_WORKER_LOG_FORMAT": "json",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
     log = open(tmp_path / "w-term.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "services.worker"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         await _wait_for_heartbeat(client.js, "w-term", proc)
         await make_worker("w-peer")  # another worker of the same pool, in this process
         adapters = [tones["pirate"], tones["formal"], None]
-        rids = [await client.send("w-term", adapters[i % 3], f"Question number {i}: where is my order?",
-                                  max_tokens=32) for i in range(8)]  # fmt: skip
+        rids = [
+            await client.send("w-term", adapters[i % 3], f"Question number {i}: where is my order?", max_tokens=32)
+            for i in range(8)
+        ]
         # Wait until the process is generating (its first results or in-flight work), then SIGTERM it.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120

@@ -19,8 +19,11 @@ async def test_adapters_and_base_in_one_batch_each_get_their_own_output(make_wor
     from libs.lora.train import peft_generate
 
     await make_worker("w-mix")
-    plan = [(name, adapter, q) for q in (Q1, Q2) for name, adapter in
-            (("pirate", tones["pirate"]), ("formal", tones["formal"]), ("base", None))]  # fmt: skip
+    plan = [
+        (name, adapter, q)
+        for q in (Q1, Q2)
+        for name, adapter in (("pirate", tones["pirate"]), ("formal", tones["formal"]), ("base", None))
+    ]
     rids = await asyncio.gather(*(client.send("w-mix", adapter, q, max_tokens=24) for _, adapter, q in plan))
     results = await client.wait(rids)
     for (name, adapter, _q), rid in zip(plan, rids, strict=True):
@@ -167,8 +170,11 @@ async def test_malformed_messages_are_dead_lettered_and_the_worker_keeps_serving
     await make_worker("w-dlq")
     subject = subjects.infer(POOL, "w-dlq", "base")
     await client.js.publish(subject, b"\xff not json", headers={"Nats-Msg-Id": "garbage-1"})
-    await client.js.publish(subject, b'{"schema_version": 1, "request_id": "bad-fields-1", "tenant_id": "t"}',
-                            headers={"Nats-Msg-Id": "garbage-2"})  # fmt: skip
+    await client.js.publish(
+        subject,
+        b'{"schema_version": 1, "request_id": "bad-fields-1", "tenant_id": "t"}',
+        headers={"Nats-Msg-Id": "garbage-2"},
+    )
     answered = await client.wait(["bad-fields-1"])
     assert answered["bad-fields-1"].error.code == "bad_request"
     assert "base_model" in answered["bad-fields-1"].error.message
@@ -190,8 +196,9 @@ async def test_redelivered_request_is_not_generated_twice(make_worker, client):
     await client.wait([rid])
     before = worker.processor.generated_tokens
     # The same request again, stored as a new message (as a retried publish would bring it).
-    await client.js.publish(subjects.infer(POOL, "w-dup", "base"), _request_bytes(rid),
-                            headers={"Nats-Msg-Id": "dup-req-1-again"})  # fmt: skip
+    await client.js.publish(
+        subjects.infer(POOL, "w-dup", "base"), _request_bytes(rid), headers={"Nats-Msg-Id": "dup-req-1-again"}
+    )
     await asyncio.sleep(2.0)
     assert worker.processor.generated_tokens == before
     assert len(client.results[rid]) == 1
@@ -200,8 +207,16 @@ async def test_redelivered_request_is_not_generated_twice(make_worker, client):
 def _request_bytes(rid: str) -> bytes:
     from libs.contracts import InferenceRequest
 
-    return InferenceRequest(request_id=rid, tenant_id="tenant-e2e", base_model="smollm2-135m",
-                            messages=[{"role": "user", "content": Q1}]).model_dump_json().encode()  # fmt: skip
+    return (
+        InferenceRequest(
+            request_id=rid,
+            tenant_id="tenant-e2e",
+            base_model="smollm2-135m",
+            messages=[{"role": "user", "content": Q1}],
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
 async def test_expired_deadline_is_an_error_not_a_generation(make_worker, client):
@@ -246,7 +261,7 @@ async def test_prewarm_from_the_hot_list_loads_before_traffic(make_worker, clien
 
     try:
         kv = await client.js.key_value(subjects.HOT_ADAPTERS_BUCKET)
-    except Exception:  # noqa: BLE001
+    except Exception:
         kv = await client.js.create_key_value(KeyValueConfig(bucket=subjects.HOT_ADAPTERS_BUCKET))
     hot = [noise[3].ref, noise[4].ref]
     await kv.put(POOL, PrewarmCommand(pool=POOL, adapters=hot).model_dump_json().encode())

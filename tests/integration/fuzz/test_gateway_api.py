@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 async def test_no_input_gives_a_server_error_or_an_undocumented_answer(platform, tmp_path):
     runs = []
     for seed in seeds():  # in a thread: the registry answers the gateway from this test's event loop
-        run = await asyncio.to_thread(fuzz, f"{platform.url}/openapi.json",
-                                      {"Authorization": f"Bearer {platform.key}"}, tmp_path, seed=seed)  # fmt: skip
+        run = await asyncio.to_thread(
+            fuzz, f"{platform.url}/openapi.json", {"Authorization": f"Bearer {platform.key}"}, tmp_path, seed=seed
+        )
         (tmp_path / f"fuzz-{run.seed}.txt").write_text(run.output)
         print(f"gateway API fuzz, {run.summary()} (output: {tmp_path}/fuzz-{run.seed}.txt)")
         runs.append(run)
@@ -41,8 +42,9 @@ async def test_the_openai_client_works_against_the_documented_api(platform):
     assert chat.choices[0].message.content.startswith("[sim base]") and chat.usage.completion_tokens == 5
     done = await client.completions.create(model="smollm2-135m", prompt="Paris is", max_tokens=3)
     Completion.model_validate(done.model_dump())
-    stream = await client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=4,
-                                                  stream=True, stream_options={"include_usage": True})  # fmt: skip
+    stream = await client.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [chunk async for chunk in stream]
     assert chunks[-1].usage.completion_tokens == 4
     assert [m.id async for m in client.models.list()] == ["smollm2-135m"]

@@ -54,11 +54,13 @@ def broken(valid: dict) -> st.SearchStrategy[dict]:
 
 
 def payloads(valid: Callable[[], dict]) -> st.SearchStrategy[bytes]:
-    huge = st.sampled_from([
-        b"x" * 1_000_000,  # near the broker's 1 MiB limit
-        bytes(range(128, 256)) * 4_000,  # 512 KB that is not UTF-8: 1.5 MB once decoded with replacements
-        json.dumps({**valid(), "junk": "y" * 800_000}).encode(),
-    ])  # fmt: skip
+    huge = st.sampled_from(
+        [
+            b"x" * 1_000_000,  # near the broker's 1 MiB limit
+            bytes(range(128, 256)) * 4_000,  # 512 KB that is not UTF-8: 1.5 MB once decoded with replacements
+            json.dumps({**valid(), "junk": "y" * 800_000}).encode(),
+        ]
+    )
     return st.one_of(
         st.binary(max_size=2_000),
         json_values.map(lambda v: json.dumps(v).encode()),
@@ -102,8 +104,12 @@ def run_examples(loop, strategy, check) -> None:
     """Hypothesis in a thread (its engine is synchronous); each example checked on the test's loop,
     where the in-process registry answers."""
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(strategy)
     def one(example) -> None:
         asyncio.run_coroutine_threadsafe(check(*example), loop).result(timeout=60)
@@ -163,9 +169,14 @@ async def test_malformed_submissions_are_dead_lettered_or_answered_and_the_gatew
     nc, js, watch = bus
 
     def valid() -> dict:
-        return {"schema_version": 1, "request_id": uuid.uuid4().hex, "api_key": platform.key,
-                "model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
-                "sampling": {"max_tokens": 4}}  # fmt: skip
+        return {
+            "schema_version": 1,
+            "request_id": uuid.uuid4().hex,
+            "api_key": platform.key,
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "sampling": {"max_tokens": 4},
+        }
 
     from libs.client import tenant_of
 
@@ -181,8 +192,14 @@ async def test_malformed_routed_work_is_dead_lettered_or_answered_and_the_worker
     subject = subjects.infer(platform.pool, WORKER, "base")
 
     def valid() -> dict:
-        return {"schema_version": 1, "request_id": uuid.uuid4().hex, "tenant_id": platform.tenant,
-                "base_model": "smollm2-135m", "prompt": "hi", "sampling": {"max_tokens": 4}}  # fmt: skip
+        return {
+            "schema_version": 1,
+            "request_id": uuid.uuid4().hex,
+            "tenant_id": platform.tenant,
+            "base_model": "smollm2-135m",
+            "prompt": "hi",
+            "sampling": {"max_tokens": 4},
+        }
 
     outcomes = await feed(js, watch, subject, payloads(valid), "worker", valid)
     print(f"routed work: {dict(outcomes)}")
@@ -193,9 +210,12 @@ async def test_malformed_routed_work_is_dead_lettered_or_answered_and_the_worker
 
 async def test_malformed_results_are_dead_lettered_by_usage_metering(platform, bus):
     nc, js, watch = bus
-    garbage = st.one_of(st.binary(min_size=1, max_size=2_000).filter(lambda b: not _is_object(b)),
-                        json_values.filter(lambda v: not isinstance(v, dict) or "request_id" not in v)
-                        .map(lambda v: json.dumps(v).encode()))  # fmt: skip
+    garbage = st.one_of(
+        st.binary(min_size=1, max_size=2_000).filter(lambda b: not _is_object(b)),
+        json_values.filter(lambda v: not isinstance(v, dict) or "request_id" not in v).map(
+            lambda v: json.dumps(v).encode()
+        ),
+    )
 
     async def check(payload: bytes, extra: dict) -> None:
         mark = uuid.uuid4().hex
@@ -220,8 +240,9 @@ async def test_malformed_requests_to_the_registry_get_a_refusal_not_silence(plat
         refused = not reply.ok if isinstance(reply, TenantAuthReply) else not reply.found
         assert refused and reply.code, reply
 
-    strategy = st.tuples(st.one_of(st.binary(max_size=2_000), json_values.map(lambda v: json.dumps(v).encode())),
-                         headers)  # fmt: skip
+    strategy = st.tuples(
+        st.one_of(st.binary(max_size=2_000), json_values.map(lambda v: json.dumps(v).encode())), headers
+    )
     await asyncio.to_thread(run_examples, asyncio.get_running_loop(), strategy, check)
     await still_serving(platform)
 
@@ -238,12 +259,12 @@ def _request_id(payload: bytes) -> str | None:
     try:
         rid = json.loads(payload).get("request_id")
         return subjects.token(rid) if isinstance(rid, str) and len(rid) <= 100 else None
-    except Exception:  # noqa: BLE001 - no usable id
+    except Exception:
         return None
 
 
 def _is_object(payload: bytes) -> bool:
     try:
         return isinstance(json.loads(payload), dict)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False

@@ -40,8 +40,13 @@ async def registry_url(stack, connections, tmp_path_factory):
         "LPX_REGISTRY_LOG_LEVEL": "WARNING",
     }
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.registry"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.registry"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -65,8 +70,9 @@ async def registry_url(stack, connections, tmp_path_factory):
 
 def test_no_input_gives_a_server_error_or_an_undocumented_answer(registry_url, tmp_path):
     url, log = registry_url
-    runs = [fuzz(f"{url}/openapi.json", {"Authorization": f"Bearer {ADMIN_TOKEN}"}, tmp_path, seed=seed)
-            for seed in seeds()]  # fmt: skip
+    runs = [
+        fuzz(f"{url}/openapi.json", {"Authorization": f"Bearer {ADMIN_TOKEN}"}, tmp_path, seed=seed) for seed in seeds()
+    ]
     for run in runs:
         (tmp_path / f"fuzz-{run.seed}.txt").write_text(run.output)
         print(f"registry API fuzz, {run.summary()} (output: {tmp_path}/fuzz-{run.seed}.txt)")

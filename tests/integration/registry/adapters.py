@@ -83,5 +83,8 @@ def with_unknown_target(src: Path, dest: Path) -> Path:
 
 def files_of(directory: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
     """Every file of a directory as httpx multipart `files=` entries."""
-    return [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-            for p in sorted(directory.iterdir()) if p.is_file()]  # fmt: skip
+    return [
+        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    ]

@@ -46,9 +46,15 @@ def registry_settings(connections: ConnectionSettings, dsn: str, **overrides):
     from services.registry.settings import RegistrySettings
 
     conn = connections.model_copy(update={"pg_dsn": dsn})
-    defaults = dict(admin_token=ADMIN_TOKEN, eval_durable=f"test-{uuid.uuid4().hex[:10]}", eval_deliver_policy="new",
-                    usage_durable=f"test-usage-{uuid.uuid4().hex[:10]}", usage_deliver_policy="new",
-                    outbox_poll_s=0.1, nats_callout_seed=callout_seed(connections))  # fmt: skip
+    defaults = dict(
+        admin_token=ADMIN_TOKEN,
+        eval_durable=f"test-{uuid.uuid4().hex[:10]}",
+        eval_deliver_policy="new",
+        usage_durable=f"test-usage-{uuid.uuid4().hex[:10]}",
+        usage_deliver_policy="new",
+        outbox_poll_s=0.1,
+        nats_callout_seed=callout_seed(connections),
+    )
     return RegistrySettings(connections=conn, **{**defaults, **overrides})
 
 
@@ -66,8 +72,9 @@ class Registry:
     def service(self):
         return self.app.state.service
 
-    async def push(self, tenant: str, adapter: str, directory: Path, base: str = "smollm2-135m",
-                   dataset: str | None = None) -> httpx.Response:  # fmt: skip
+    async def push(
+        self, tenant: str, adapter: str, directory: Path, base: str = "smollm2-135m", dataset: str | None = None
+    ) -> httpx.Response:
         form = {"tenant": tenant, "adapter": adapter, "base_model": base, **({"dataset": dataset} if dataset else {})}
         return await self.client.post("/v1/adapters", data=form, files=adapters.files_of(directory))
 
@@ -75,8 +82,9 @@ class Registry:
         import json
 
         body = "".join(json.dumps(line) + "\n" for line in lines).encode()
-        return await self.client.post("/v1/datasets", data={"tenant": tenant, "name": name},
-                                      files={"file": (f"{name}.jsonl", body)})  # fmt: skip
+        return await self.client.post(
+            "/v1/datasets", data={"tenant": tenant, "name": name}, files={"file": (f"{name}.jsonl", body)}
+        )
 
     async def create_tenant(self, name: str) -> str:
         reply = await self.client.post("/v1/tenants", json={"name": name})
@@ -97,8 +105,9 @@ async def running_registry(settings, hooks=None) -> AsyncIterator[Registry]:
     app = create_app(settings, hooks=hooks)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://registry", headers=ADMIN,
-                                     timeout=60) as client:  # fmt: skip
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://registry", headers=ADMIN, timeout=60
+        ) as client:
             yield Registry(app, client, settings)
 
 

@@ -27,13 +27,17 @@ async def test_a_custom_alias_follows_the_active_version(registry, connections, 
     assert evaluating.status_code == 200 and evaluating.json()["status"] == "evaluating"
     twice = await registry.client.post(f"/v1/tenants/{tenant}/adapters/tone/versions/1/evaluating")
     assert twice.status_code == 409 and twice.json()["error"] == "transition_refused"
-    await registry.client.post(f"/v1/tenants/{tenant}/adapters/tone/versions/1/activate",
-                               json={"actor": "test", "reason": "alias test"})  # fmt: skip
+    await registry.client.post(
+        f"/v1/tenants/{tenant}/adapters/tone/versions/1/activate", json={"actor": "test", "reason": "alias test"}
+    )
     resolved = await registry.client.get(f"/v1/resolve/{tenant}/prod")
     assert resolved.status_code == 200 and resolved.json()["version"] == 1
     listed = {a["name"]: a for a in (await registry.client.get(f"/v1/tenants/{tenant}/aliases")).json()}
     assert {n: (a["kind"], a["version"]) for n, a in listed.items()} == {
-        "prod": ("follow", 1), "tone": ("follow", 1), "tone-v1": ("pinned", 1)}
+        "prod": ("follow", 1),
+        "tone": ("follow", 1),
+        "tone-v1": ("pinned", 1),
+    }
 
     async def moved():
         events = await adapter_events(connections.nats_url, tenant)
@@ -60,6 +64,7 @@ async def test_datasets_are_stored_content_addressed(registry, tenant, tmp_path)
     assert registry.ctx.store.exists(body["object_key"])
     listed = (await registry.client.get(f"/v1/tenants/{tenant}/datasets")).json()
     assert [d["name"] for d in listed] == ["tone-data"]
-    bad = await registry.client.post("/v1/datasets", data={"tenant": tenant, "name": "broken"},
-                                     files={"file": ("b.jsonl", b'{"messages": []}\n')})  # fmt: skip
+    bad = await registry.client.post(
+        "/v1/datasets", data={"tenant": tenant, "name": "broken"}, files={"file": ("b.jsonl", b'{"messages": []}\n')}
+    )
     assert bad.status_code == 422 and bad.json()["error"] == "bad_dataset"

@@ -32,8 +32,9 @@ async def test_auth_only_lists_servable_aliases_and_refuses_bad_keys(registry, c
     assert reply.status_code == 201, reply.text
     pending = await auth(url, TenantAuthRequest(api_key=key).model_dump_json().encode())
     assert pending.ok and pending.aliases == []  # registered, not active: nothing servable yet
-    activated = await registry.client.post(f"/v1/tenants/{name}/adapters/support/versions/1/activate",
-                                           json={"actor": "test", "reason": "auth test"})  # fmt: skip
+    activated = await registry.client.post(
+        f"/v1/tenants/{name}/adapters/support/versions/1/activate", json={"actor": "test", "reason": "auth test"}
+    )
     assert activated.status_code == 200, activated.text
     active = await auth(url, TenantAuthRequest(api_key=key).model_dump_json().encode())
     assert active.ok and sorted(active.aliases) == ["support", "support-v1"]

@@ -27,24 +27,29 @@ async def served(registry, adapter_dirs, base_model_path) -> dict:
         if with_data:
             assert (await registry.push_dataset(tenant, "data", [TRAIN, TRAIN])).status_code == 201
         assert (await registry.push(tenant, "support", adapter_dirs["good"])).status_code == 201
-        activated = await registry.client.post(f"/v1/tenants/{tenant}/adapters/support/versions/1/activate",
-                                               json={"actor": "test", "reason": "migration fixture"})  # fmt: skip
+        activated = await registry.client.post(
+            f"/v1/tenants/{tenant}/adapters/support/versions/1/activate",
+            json={"actor": "test", "reason": "migration fixture"},
+        )
         assert activated.status_code == 200
     return {"tenants": ["mig-one", "mig-two"]}
 
 
 async def test_plan_start_and_jobs_exactly_once(registry, connections, served):
-    plan = (await registry.client.get("/v1/migrations/plan", params={"from_base": "smollm2-135m",
-                                                                      "to_base": "mig-target"})).json()
+    plan = (
+        await registry.client.get("/v1/migrations/plan", params={"from_base": "smollm2-135m", "to_base": "mig-target"})
+    ).json()
     by_tenant = {i["tenant"]: i for i in plan["items"]}
     assert by_tenant["mig-one"]["dataset"] == "data" and by_tenant["mig-one"]["train_examples"] == 2
     assert by_tenant["mig-two"]["dataset"] is None and "no stored dataset" in by_tenant["mig-two"]["reason"]
-    same = await registry.client.get("/v1/migrations/plan", params={"from_base": "smollm2-135m",
-                                                                     "to_base": "smollm2-135m"})
+    same = await registry.client.get(
+        "/v1/migrations/plan", params={"from_base": "smollm2-135m", "to_base": "smollm2-135m"}
+    )
     assert same.status_code == 422
 
-    started = await registry.client.post("/v1/migrations", json={"from_base": "smollm2-135m", "to_base": "mig-target",
-                                                                 "steps": 5, "seed": 3})  # fmt: skip
+    started = await registry.client.post(
+        "/v1/migrations", json={"from_base": "smollm2-135m", "to_base": "mig-target", "steps": 5, "seed": 3}
+    )
     assert started.status_code == 201, started.text
     status = started.json()
     items = {i["tenant"]: i for i in status["items"] if i["tenant"] in served["tenants"]}
@@ -59,12 +64,19 @@ async def test_plan_start_and_jobs_exactly_once(registry, connections, served):
     jobs = await wait_until(queued)
     assert len(jobs) == 1
     job = TrainJob.model_validate_json(jobs[0].data)
-    assert (job.tenant, job.base_model, job.steps, job.seed, job.rank, job.alpha) == ("mig-one", "mig-target", 5, 3,
-                                                                                      16, 32)  # fmt: skip
+    assert (job.tenant, job.base_model, job.steps, job.seed, job.rank, job.alpha) == (
+        "mig-one",
+        "mig-target",
+        5,
+        3,
+        16,
+        32,
+    )
     assert job.migration_id == status["id"] and job.dataset.name == "data" and len(job.target_modules) == 7
     # The trainer reports a failure: the item is failed, the tenant stays on the old base.
-    failed = await registry.client.post(f"/v1/migrations/{status['id']}/items/{job.migration_item}/failed",
-                                        json={"reason": "out of memory"})  # fmt: skip
+    failed = await registry.client.post(
+        f"/v1/migrations/{status['id']}/items/{job.migration_item}/failed", json={"reason": "out of memory"}
+    )
     assert failed.status_code == 200
     final = (await registry.client.get(f"/v1/migrations/{status['id']}")).json()
     assert final["done"] and {i["tenant"]: i["reason"] for i in final["items"]}["mig-one"] == "out of memory"

@@ -22,8 +22,9 @@ EVAL = {"split": "eval", "criterion": "contains", "expected": "Ahoy", "messages"
 async def ask_context(nats_url: str, **request) -> EvalContextReply:
     nc = await nats.connect(nats_url)
     try:
-        reply = await nc.request(subjects.EVAL_CONTEXT, EvalContextRequest(**request).model_dump_json().encode(),
-                                 timeout=10)  # fmt: skip
+        reply = await nc.request(
+            subjects.EVAL_CONTEXT, EvalContextRequest(**request).model_dump_json().encode(), timeout=10
+        )
         return EvalContextReply.model_validate_json(reply.data)
     finally:
         await nc.drain()
@@ -43,8 +44,9 @@ def dataset_objects(registry) -> int:
 async def test_a_dataset_with_bad_lines_is_refused_with_line_numbers(registry, tenant):
     before = dataset_objects(registry)
     body = "\n".join([json.dumps(TRAIN), "{oops", json.dumps({"messages": [USER]}), json.dumps(EVAL)]).encode()
-    reply = await registry.client.post("/v1/datasets", data={"tenant": tenant, "name": "broken"},
-                                       files={"file": ("broken.jsonl", body)})  # fmt: skip
+    reply = await registry.client.post(
+        "/v1/datasets", data={"tenant": tenant, "name": "broken"}, files={"file": ("broken.jsonl", body)}
+    )
     assert reply.status_code == 422, reply.text
     assert reply.json()["error"] == "bad_dataset" and reply.json()["lines"] == [2, 3]
     assert "line 2: not JSON" in reply.json()["detail"] and "line 3:" in reply.json()["detail"]
@@ -80,8 +82,9 @@ async def test_eval_context_claims_and_names_the_eval_set(registry, connections,
 async def test_the_baseline_is_the_active_version(registry, connections, tenant, adapter_dirs, base_model_path):
     from libs.lora.train import LoraRecipe, random_adapter
 
-    await registry.client.post(f"/v1/tenants/{tenant}/adapters/support/versions/1/activate",
-                               json={"actor": "test", "reason": "baseline"})  # fmt: skip
+    await registry.client.post(
+        f"/v1/tenants/{tenant}/adapters/support/versions/1/activate", json={"actor": "test", "reason": "baseline"}
+    )
     second = random_adapter(base_model_path, adapter_dirs["root"] / "second", LoraRecipe(seed=77))
     assert (await registry.push(tenant, "support", second)).status_code == 201
     context = await ask_context(connections.nats_url, tenant=tenant, adapter="support", version=2)
@@ -91,8 +94,9 @@ async def test_the_baseline_is_the_active_version(registry, connections, tenant,
 
 
 async def test_re_evaluation_and_thresholds(registry, connections, tenant):
-    rejected = await registry.client.post(f"/v1/tenants/{tenant}/adapters/support/versions/2/evaluate",
-                                          json={"requested_by": "ops"})  # fmt: skip
+    rejected = await registry.client.post(
+        f"/v1/tenants/{tenant}/adapters/support/versions/2/evaluate", json={"requested_by": "ops"}
+    )
     assert rejected.status_code == 200 and rejected.json()["status"] == "pending"
 
     async def requested():

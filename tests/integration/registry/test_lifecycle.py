@@ -33,8 +33,9 @@ def contents(adapter_dirs) -> dict[int, object]:
 async def publish_verdict(nats_url: str, result: EvaluationResult) -> None:
     nc = await nats.connect(nats_url)
     try:
-        await nc.jetstream().publish(subjects.EVALUATED, result.model_dump_json().encode(),
-                                     stream=subjects.EVENTS_STREAM)  # fmt: skip
+        await nc.jetstream().publish(
+            subjects.EVALUATED, result.model_dump_json().encode(), stream=subjects.EVENTS_STREAM
+        )
     finally:
         await nc.drain()
 
@@ -75,8 +76,10 @@ async def test_only_a_passing_evaluation_activates(registry, connections, tenant
     v1 = await push(registry, t, contents[1])
     not_yet = await resolve(connections.nats_url, tenant=t, alias="support")
     assert not not_yet.found and not_yet.code == "not_active" and "no active version" in not_yet.error
-    await publish_verdict(connections.nats_url, EvaluationResult(digest=v1["digest"], passed=True, report={"score": 1},
-                                                                 tenant=t, adapter="support", version=1))
+    await publish_verdict(
+        connections.nats_url,
+        EvaluationResult(digest=v1["digest"], passed=True, report={"score": 1}, tenant=t, adapter="support", version=1),
+    )
     await wait_status(registry, t, 1, "active")
     shown = (await registry.client.get(f"/v1/tenants/{t}/aliases/support")).json()
     assert (shown["number"], shown["current"], shown["eval_report"]) == (1, True, {"score": 1})
@@ -103,8 +106,9 @@ async def test_http_resolution_takes_the_tenant_key(registry, tenant):
     as_tenant = {"Authorization": f"Bearer {tenant['key']}"}
     with_key = await registry.client.get(f"/v1/resolve/{t}/support", headers=as_tenant)
     assert with_key.status_code == 200 and with_key.json()["version"] == 1
-    other = await registry.client.get(f"/v1/resolve/{t}/support",
-                                      headers={"Authorization": f"Bearer {tenant['other_key']}"})
+    other = await registry.client.get(
+        f"/v1/resolve/{t}/support", headers={"Authorization": f"Bearer {tenant['other_key']}"}
+    )
     assert other.status_code == 401
     assert (await registry.client.get(f"/v1/resolve/{t}/support")).json()["ref"]["rank"] == 16  # admin token
 
@@ -112,8 +116,9 @@ async def test_http_resolution_takes_the_tenant_key(registry, tenant):
 async def test_failed_evaluation_rejects_and_the_alias_stays(registry, connections, tenant, contents):
     t = tenant["name"]
     v2 = await push(registry, t, contents[2])
-    await publish_verdict(connections.nats_url, EvaluationResult(digest=v2["digest"], passed=False,
-                                                                 reason="tone score 0.2 < 0.8"))  # fmt: skip
+    await publish_verdict(
+        connections.nats_url, EvaluationResult(digest=v2["digest"], passed=False, reason="tone score 0.2 < 0.8")
+    )
     await wait_status(registry, t, 2, "rejected")
     reply = await resolve(connections.nats_url, tenant=t, alias="support-v2")
     assert not reply.found and reply.code == "not_active" and "tone score 0.2" in reply.error
@@ -131,8 +136,9 @@ async def test_newer_pass_moves_alias_then_rollback_and_retire(registry, connect
     assert refused.status_code == 409 and "roll back" in refused.json()["detail"]
     rolled = await registry.client.post(f"/v1/tenants/{t}/adapters/support/rollback", json={})
     assert rolled.status_code == 200 and rolled.json()["number"] == 1  # v2 was rejected: skipped
-    retired = await registry.client.post(f"/v1/tenants/{t}/adapters/support/versions/3/retire",
-                                         json={"reason": "regression"})  # fmt: skip
+    retired = await registry.client.post(
+        f"/v1/tenants/{t}/adapters/support/versions/3/retire", json={"reason": "regression"}
+    )
     assert retired.status_code == 200 and retired.json()["status"] == "retired"
     again = await registry.client.post(f"/v1/tenants/{t}/adapters/support/rollback", json={})
     assert again.status_code == 409 and again.json()["error"] == "nothing_to_roll_back"
@@ -142,8 +148,9 @@ async def test_admin_override_is_explicit_and_recorded(registry, tenant, content
     t = tenant["name"]
     await push(registry, t, contents[4])
     url = f"/v1/tenants/{t}/adapters/support/versions/4/activate"
-    assert (await registry.client.post(url, json={"actor": "ops", "reason": "x"},
-                                       headers={"Authorization": "Bearer wrong"})).status_code == 401
+    assert (
+        await registry.client.post(url, json={"actor": "ops", "reason": "x"}, headers={"Authorization": "Bearer wrong"})
+    ).status_code == 401
     assert (await registry.client.post(url, json={"actor": "ops"})).status_code == 422  # a reason is required
     reply = await registry.client.post(url, json={"actor": "alice", "reason": "gate outage, manual review ok"})
     assert reply.status_code == 200, reply.text
@@ -165,13 +172,23 @@ async def test_every_change_emitted_its_event(registry, connections, tenant):
     assert events, "events missing from the stream"
     seen = [(e.kind, e.version, e.alias) for _, e in events]
     assert seen == [
-        (K.REGISTERED, 1, "support-v1"), (K.EVALUATING, 1, None), (K.ACTIVATED, 1, None),
+        (K.REGISTERED, 1, "support-v1"),
+        (K.EVALUATING, 1, None),
+        (K.ACTIVATED, 1, None),
         (K.ALIAS_MOVED, 1, "support"),
-        (K.REGISTERED, 2, "support-v2"), (K.EVALUATING, 2, None), (K.REJECTED, 2, None),
-        (K.REGISTERED, 3, "support-v3"), (K.EVALUATING, 3, None), (K.ACTIVATED, 3, None),
-        (K.ALIAS_MOVED, 3, "support"), (K.ALIAS_MOVED, 1, "support"), (K.RETIRED, 3, None),
-        (K.REGISTERED, 4, "support-v4"), (K.ACTIVATED, 4, None), (K.ALIAS_MOVED, 4, "support"),
-    ]  # fmt: skip
+        (K.REGISTERED, 2, "support-v2"),
+        (K.EVALUATING, 2, None),
+        (K.REJECTED, 2, None),
+        (K.REGISTERED, 3, "support-v3"),
+        (K.EVALUATING, 3, None),
+        (K.ACTIVATED, 3, None),
+        (K.ALIAS_MOVED, 3, "support"),
+        (K.ALIAS_MOVED, 1, "support"),
+        (K.RETIRED, 3, None),
+        (K.REGISTERED, 4, "support-v4"),
+        (K.ACTIVATED, 4, None),
+        (K.ALIAS_MOVED, 4, "support"),
+    ]
     assert all(msg_id == event.event_id for msg_id, event in events)
     override = next(e for _, e in events if e.kind == K.ACTIVATED and e.version == 4)
     assert "admin override by alice" in override.detail
@@ -182,8 +199,10 @@ async def test_late_or_repeated_verdicts_change_nothing(registry, connections, t
     t = tenant["name"]
     v1 = (await registry.client.get(f"/v1/tenants/{t}/aliases/support-v1")).json()
     before = len(await dead_letters(connections.nats_url))
-    await publish_verdict(connections.nats_url, EvaluationResult(digest=v1["digest"], passed=False, reason="late",
-                                                                 tenant=t, adapter="support"))  # fmt: skip
+    await publish_verdict(
+        connections.nats_url,
+        EvaluationResult(digest=v1["digest"], passed=False, reason="late", tenant=t, adapter="support"),
+    )
 
     async def dead_lettered():
         letters = await dead_letters(connections.nats_url)

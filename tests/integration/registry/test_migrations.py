@@ -31,8 +31,11 @@ async def test_head_matches_the_models(migrated):
     engine = make_engine(migrated)
     try:
         async with engine.connect() as conn:
-            diff = await conn.run_sync(lambda sync: compare_metadata(
-                MigrationContext.configure(sync, opts={"compare_type": True}), SQLModel.metadata))  # fmt: skip
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}), SQLModel.metadata
+                )
+            )
     finally:
         await engine.dispose()
     assert diff == []
@@ -42,19 +45,24 @@ async def test_version_content_is_immutable_in_the_database(migrated):
     engine = make_engine(migrated)
     try:
         async with engine.begin() as conn:
-            await conn.execute(text(
-                "INSERT INTO tenants (name, created_at) VALUES ('t', now());"))  # fmt: skip
-            await conn.execute(text(
-                "INSERT INTO base_models (name, architecture, num_layers, module_shapes, checksum, source, spec,"
-                " created_at) VALUES ('b', 'x', 1, '{}', 'c', '', '{}', now())"))  # fmt: skip
+            await conn.execute(text("INSERT INTO tenants (name, created_at) VALUES ('t', now());"))
+            await conn.execute(
+                text(
+                    "INSERT INTO base_models (name, architecture, num_layers, module_shapes, checksum, source, spec,"
+                    " created_at) VALUES ('b', 'x', 1, '{}', 'c', '', '{}', now())"
+                )
+            )
             await conn.execute(
                 text("INSERT INTO adapters (tenant_id, name, latest_number, created_at) VALUES (1, 'a', 1, now())")
             )
-            await conn.execute(text(
-                "INSERT INTO adapter_versions (adapter_id, number, digest, base_model_id, base_model, rank, alpha,"
-                " target_modules, dtype, size_bytes, object_key, file_digests, created_at, status, status_reason,"
-                " status_changed_at) VALUES (1, 1, repeat('a', 64), 1, 'b', 8, 16, '[]', 'float32', 1, 'k', '{}',"
-                " now(), 'pending', '', now())"))  # fmt: skip
+            await conn.execute(
+                text(
+                    "INSERT INTO adapter_versions (adapter_id, number, digest, base_model_id, base_model, rank, alpha,"
+                    " target_modules, dtype, size_bytes, object_key, file_digests, created_at, status, status_reason,"
+                    " status_changed_at) VALUES (1, 1, repeat('a', 64), 1, 'b', 8, 16, '[]', 'float32', 1, 'k', '{}',"
+                    " now(), 'pending', '', now())"
+                )
+            )
         async with engine.begin() as conn:  # lifecycle columns may change
             await conn.execute(text("UPDATE adapter_versions SET status = 'evaluating'"))
         for change in ("digest = repeat('b', 64)", "rank = 64", "object_key = 'elsewhere'", "number = 2"):

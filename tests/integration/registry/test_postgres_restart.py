@@ -44,8 +44,9 @@ class OwnPostgres:
         # Under /tmp and world-traversable: PostgreSQL runs as `postgres` when the tests run as root.
         self.state = Path(tempfile.mkdtemp(prefix="lpx-pg-crash-"))
         os.chmod(self.state, 0o755)
-        ctx = ServerContext(self.state, {"postgres": procs.free_port()}, {"pg_password": secrets.token_urlsafe(12)},
-                            bucket="unused")  # fmt: skip
+        ctx = ServerContext(
+            self.state, {"postgres": procs.free_port()}, {"pg_password": secrets.token_urlsafe(12)}, bucket="unused"
+        )
         self.server = PostgresServer(ctx)
         self.proc: subprocess.Popen | None = None
 
@@ -56,8 +57,14 @@ class OwnPostgres:
     def start(self) -> None:
         self.server.prepare()
         with open(self.server.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.server.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         user=self.server.run_as(), start_new_session=True, cwd=self.server.dir)
+            self.proc = subprocess.Popen(
+                self.server.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=self.server.run_as(),
+                start_new_session=True,
+                cwd=self.server.dir,
+            )
         assert procs.wait_until(self.server.healthy, 60), self.server.log_path.read_text()[-2000:]
         self.server.after_healthy()
 
@@ -115,8 +122,9 @@ async def push_until_accepted(registry, tenant: str, directory: Path) -> httpx.R
     return reply
 
 
-async def test_postgres_killed_mid_run_loses_no_event_and_leaves_no_half_version(own_postgres, connections,
-                                                                                 adapter_dirs, tmp_path):
+async def test_postgres_killed_mid_run_loses_no_event_and_leaves_no_half_version(
+    own_postgres, connections, adapter_dirs, tmp_path
+):
     good = adapter_dirs["good"]
     a, b, c, d = (adapters.variant(good, tmp_path / name, alpha=40 + i) for i, name in enumerate("abcd"))
     commit_killer, relay_killer = KillOnce(own_postgres), KillOnce(own_postgres)
@@ -164,7 +172,7 @@ async def _all_published(registry) -> list[str] | None:
     try:
         async with registry.ctx.engine.connect() as conn:
             rows = (await conn.execute(text("SELECT event_id, published_at IS NOT NULL FROM outbox"))).all()
-    except Exception:  # noqa: BLE001 - still recovering
+    except Exception:
         return None
     return [event_id for event_id, published in rows] if rows and all(p for _, p in rows) else None
 

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.integration
 
 async def table_counts(registry) -> dict[str, int]:
     async with registry.ctx.engine.connect() as conn:
-        return {table: (await conn.execute(text(f"SELECT count(*) FROM {table}"))).scalar_one()
-                for table in ("adapters", "adapter_versions", "aliases", "outbox")}  # fmt: skip
+        return {
+            table: (await conn.execute(text(f"SELECT count(*) FROM {table}"))).scalar_one()
+            for table in ("adapters", "adapter_versions", "aliases", "outbox")
+        }
 
 
 def stored_objects(registry) -> set[str]:
@@ -40,8 +42,12 @@ async def test_valid_adapter_is_accepted_and_stored(registry, tenant, good_adapt
     digest = adapter_digest(good_adapter)
     assert version["digest"] == digest
     assert (version["number"], version["alias"], version["status"]) == (1, "support-v1", "pending")
-    assert (version["rank"], version["alpha"], version["dtype"], version["base_model"]) == (16, 32.0, "float32",
-                                                                                            "smollm2-135m")
+    assert (version["rank"], version["alpha"], version["dtype"], version["base_model"]) == (
+        16,
+        32.0,
+        "float32",
+        "smollm2-135m",
+    )
     assert version["object_key"] == adapter_prefix(digest)
     # The stored bytes hash back to the digest (download verifies it).
     fetched = registry.ctx.store.get_adapter(digest, version["object_key"], tmp_path / "fetched")
@@ -102,8 +108,9 @@ def _broken_config(src, dest):
 
 
 @pytest.mark.parametrize(("case", "make", "status", "code", "words"), _bad_cases(), ids=[c[0] for c in _bad_cases()])
-async def test_bad_adapter_is_refused_and_leaves_nothing(registry, tenant, adapter_dirs, tmp_path, case, make, status,
-                                                         code, words):  # fmt: skip
+async def test_bad_adapter_is_refused_and_leaves_nothing(
+    registry, tenant, adapter_dirs, tmp_path, case, make, status, code, words
+):
     directory = adapter_dirs["rank64"] if make is None else make(adapter_dirs["good"], tmp_path / case)
     before_rows, before_objects = await table_counts(registry), stored_objects(registry)
     reply = await registry.push(tenant, f"bad-{case.replace('_', '-')}", directory)
@@ -114,16 +121,19 @@ async def test_bad_adapter_is_refused_and_leaves_nothing(registry, tenant, adapt
     assert stored_objects(registry) == before_objects
 
 
-@pytest.mark.parametrize(("tenant_name", "adapter_name", "words"), [
-    ("acme", "../x", "invalid adapter name"),
-    ("acme", "a\nb", "invalid adapter name"),
-    ("acme", "support\n", "invalid adapter name"),
-    ("acme", "Upper", "invalid adapter name"),
-    ("acme", "x" * 64, "invalid adapter name"),
-    ("acme", "support-v3", "reserved for pinned"),
-    ("../acme", "support", "invalid tenant name"),
-    ("ac\x00me", "support", "invalid tenant name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tenant_name", "adapter_name", "words"),
+    [
+        ("acme", "../x", "invalid adapter name"),
+        ("acme", "a\nb", "invalid adapter name"),
+        ("acme", "support\n", "invalid adapter name"),
+        ("acme", "Upper", "invalid adapter name"),
+        ("acme", "x" * 64, "invalid adapter name"),
+        ("acme", "support-v3", "reserved for pinned"),
+        ("../acme", "support", "invalid tenant name"),
+        ("ac\x00me", "support", "invalid tenant name"),
+    ],
+)
 async def test_bad_names_are_refused(registry, tenant, good_adapter, tenant_name, adapter_name, words):
     before_rows, before_objects = await table_counts(registry), stored_objects(registry)
     reply = await registry.push(tenant_name, adapter_name, good_adapter)

@@ -22,13 +22,16 @@ async def request(nats_url: str, payload: bytes) -> ResolveReply:
         await nc.drain()
 
 
-@pytest.mark.parametrize("payload", [
-    b"not json at all",
-    b'{"tenant": "acme"}',
-    b'{"schema_version": 2, "tenant": "acme", "alias": "support"}',
-    b'{"tenant": "acme", "alias": "support", "extra": 1}',
-    b"\xff\xfe\x00",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not json at all",
+        b'{"tenant": "acme"}',
+        b'{"schema_version": 2, "tenant": "acme", "alias": "support"}',
+        b'{"tenant": "acme", "alias": "support", "extra": 1}',
+        b"\xff\xfe\x00",
+    ],
+)
 async def test_malformed_request_gets_an_error_reply_and_a_dead_letter(registry, connections, payload):
     marker = uuid.uuid4().hex
     body = payload.replace(b"acme", f"acme-{marker}".encode()) if b"acme" in payload else payload + marker.encode()

@@ -145,8 +145,15 @@ async def test_results_that_arrive_while_postgres_is_down_are_counted_once_it_is
             try:
                 rids = [new_id() for _ in range(5)]
                 for rid in rids + rids[:2]:  # two of them answered twice (a re-route)
-                    result = InferenceResult(request_id=rid, worker_id="w1", ok=True, prompt_tokens=3,
-                                             completion_tokens=4, tenant=tenant, base_model="smollm2-135m")  # fmt: skip
+                    result = InferenceResult(
+                        request_id=rid,
+                        worker_id="w1",
+                        ok=True,
+                        prompt_tokens=3,
+                        completion_tokens=4,
+                        tenant=tenant,
+                        base_model="smollm2-135m",
+                    )
                     await publish(js, result)
                 await asyncio.sleep(2.0)  # the consumer meets the dead database meanwhile
             finally:

@@ -15,15 +15,18 @@ def case(criterion: str, expected: str | None = None, **kw) -> EvalCase:
     return EvalCase(split="eval", criterion=criterion, expected=expected, messages=messages, **kw)
 
 
-@pytest.mark.parametrize(("criterion", "expected", "answer", "passed", "kw"), [
-    ("exact", "Ahoy!", "  Ahoy!\n", True, {}),
-    ("exact", "Ahoy!", "Ahoy! matey", False, {}),
-    ("contains", "Ahoy", "Well, Ahoy matey", True, {}),
-    ("contains", "ahoy", "Well, Ahoy matey", False, {}),
-    ("contains", "ahoy", "Well, Ahoy matey", True, {"ignore_case": True}),
-    ("regex", r"\bArr\b", "Arr, me hearty", True, {}),
-    ("regex", r"^Dear", "Hello. Dear", False, {}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("criterion", "expected", "answer", "passed", "kw"),
+    [
+        ("exact", "Ahoy!", "  Ahoy!\n", True, {}),
+        ("exact", "Ahoy!", "Ahoy! matey", False, {}),
+        ("contains", "Ahoy", "Well, Ahoy matey", True, {}),
+        ("contains", "ahoy", "Well, Ahoy matey", False, {}),
+        ("contains", "ahoy", "Well, Ahoy matey", True, {"ignore_case": True}),
+        ("regex", r"\bArr\b", "Arr, me hearty", True, {}),
+        ("regex", r"^Dear", "Hello. Dear", False, {}),
+    ],
+)
 def test_text_criteria(criterion, expected, answer, passed, kw):
     assert criteria.judge_text(case(criterion, expected, **kw), 0, answer).passed is passed
 

@@ -37,8 +37,10 @@ class FakePools:
         self._kv = None
 
     def set(self, workers):
-        self.live = {w: WorkerHeartbeat(worker_id=w, pool="p", base_model="llama", max_rank=16, capacity=8,
-                                        in_flight=0) for w in workers}  # fmt: skip
+        self.live = {
+            w: WorkerHeartbeat(worker_id=w, pool="p", base_model="llama", max_rank=16, capacity=8, in_flight=0)
+            for w in workers
+        }
 
     def select(self, base, rank):
         return select_pool(self.live, base, rank)
@@ -62,13 +64,17 @@ def make(workers=("w1", "w2")):
 
 
 def request(rid: str, adapter=REF) -> InferenceRequest:
-    return InferenceRequest(request_id=rid, tenant_id="acme", base_model="llama", adapter=adapter, prompt="hi",
-                            deadline=time.time() + 30)  # fmt: skip
+    return InferenceRequest(
+        request_id=rid, tenant_id="acme", base_model="llama", adapter=adapter, prompt="hi", deadline=time.time() + 30
+    )
 
 
 def result(rid: str, digest: str | None, worker: str = "w1", ok: bool = True) -> Msg:
-    return Msg(InferenceResult(request_id=rid, worker_id=worker, ok=ok, text="ahoy",
-                               adapter_digest_applied=digest).model_dump_json().encode())  # fmt: skip
+    return Msg(
+        InferenceResult(request_id=rid, worker_id=worker, ok=ok, text="ahoy", adapter_digest_applied=digest)
+        .model_dump_json()
+        .encode()
+    )
 
 
 def counter(reader, name: str) -> float:
@@ -192,8 +198,12 @@ async def test_streaming_events_end_with_the_checked_result():
     from libs.contracts import TokenDelta
 
     for i, piece in enumerate(["ah", "o"]):
-        await d._on_token(Msg(TokenDelta(request_id="r1", index=i, text=piece).model_dump_json().encode(),
-                              subject=subjects.tokens("r1")))  # fmt: skip
+        await d._on_token(
+            Msg(
+                TokenDelta(request_id="r1", index=i, text=piece).model_dump_json().encode(),
+                subject=subjects.tokens("r1"),
+            )
+        )
     await d._on_result(result("r1", REF.digest))  # full text "ahoy": the missing "y" comes last
     events = [e async for e in d.events(job, time.time() + 5)]
     assert [e.text for e in events[:-1]] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
@@ -207,8 +217,9 @@ async def test_streamed_logprobs_are_completed_by_the_final_result():
     tokens = [TokenLogprob(token=t, logprob=-0.1 * i) for i, t in enumerate(["ah", "o", "y"])]
     first = TokenDelta(request_id="r2", index=0, text="ah", logprobs=tokens[:1])
     await d._on_token(Msg(first.model_dump_json().encode(), subject=subjects.tokens("r2")))
-    final = InferenceResult(request_id="r2", worker_id="w1", ok=True, text="ahoy", adapter_digest_applied=REF.digest,
-                            logprobs=tokens)  # fmt: skip
+    final = InferenceResult(
+        request_id="r2", worker_id="w1", ok=True, text="ahoy", adapter_digest_applied=REF.digest, logprobs=tokens
+    )
     await d._on_result(Msg(final.model_dump_json().encode()))
     events = [e async for e in d.events(job, time.time() + 5)]
     assert [e.text for e in events[:-1]] == ["ah", "oy"]  # the worker's other deltas never came: the rest at once

@@ -20,11 +20,16 @@ def test_error_body_has_openai_shape():
     assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
 
 
-@pytest.mark.parametrize("code,status,err", [
-    ("unauthorized", 401, "invalid_api_key"), ("not_found", 404, "model_not_found"),
-    ("bad_request", 404, "model_not_found"), ("not_active", 404, "model_not_active"),
-    ("unavailable", 503, "registry_unavailable"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "code,status,err",
+    [
+        ("unauthorized", 401, "invalid_api_key"),
+        ("not_found", 404, "model_not_found"),
+        ("bad_request", 404, "model_not_found"),
+        ("not_active", 404, "model_not_active"),
+        ("unavailable", 503, "registry_unavailable"),
+    ],
+)
 def test_registry_codes_map_to_statuses(code, status, err):
     exc = _refusal(code, "support")
     assert (exc.status, exc.code) == (status, err)
@@ -35,8 +40,17 @@ def test_unknown_and_foreign_models_read_the_same():
     assert _refusal("not_found", "m").body() == errors.unknown_model("m").body()
 
 
-@pytest.mark.parametrize("code,status", [("deadline", 504), ("bad_request", 400), ("adapter_unavailable", 503),
-                                         ("digest_mismatch", 502), ("engine_error", 502), ("whatever", 502)])
+@pytest.mark.parametrize(
+    "code,status",
+    [
+        ("deadline", 504),
+        ("bad_request", 400),
+        ("adapter_unavailable", 503),
+        ("digest_mismatch", 502),
+        ("engine_error", 502),
+        ("whatever", 502),
+    ],
+)
 def test_worker_codes_map_to_statuses(code, status):
     assert errors.from_worker(code, "m").status == status
 
@@ -92,8 +106,9 @@ def test_an_oversized_body_is_413_before_it_is_read():
     assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
     deep = "[" * 100_000 + "]" * 100_000  # nesting deeper than the JSON parser recurses: 400, not 500
     client = TestClient(create_app(GatewaySettings(_env_file=None)))
-    reply = client.post("/v1/completions", content=deep, headers={"Authorization": "Bearer lpx_x",
-                                                                    "Content-Type": "application/json"})
+    reply = client.post(
+        "/v1/completions", content=deep, headers={"Authorization": "Bearer lpx_x", "Content-Type": "application/json"}
+    )
     assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -103,8 +118,10 @@ def test_sampling_keeps_what_was_asked():
 
 
 def test_content_parts_are_joined():
-    body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                                    {"type": "text", "text": "b"}]}])
+    body = ChatCompletionRequest(
+        model="m",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+    )
     assert body.messages[0].to_contract().content == "ab"
 
 
@@ -132,14 +149,37 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         ("/v1/chat/completions", {"temprature": 0.5}, "temprature", "Unrecognized request argument supplied"),
         ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs", "needs logprobs to be true"),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
-        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 20, "max_tokens": 8000}, "max_tokens",
-         "at most 744 tokens can carry logprobs"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "p", "schema": {"type": "object", "properties": {"age": {"type": "integr"}}}}}},
-         "response_format", "not a valid JSON Schema at properties/age/type"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "p", "schema": {"type": "object"}, "strictly": True}}}, "response_format",
-         "Unrecognized request argument supplied: response_format.json_schema.json_schema.strictly"),
+        (
+            "/v1/chat/completions",
+            {"logprobs": True, "top_logprobs": 20, "max_tokens": 8000},
+            "max_tokens",
+            "at most 744 tokens can carry logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "p",
+                        "schema": {"type": "object", "properties": {"age": {"type": "integr"}}},
+                    },
+                }
+            },
+            "response_format",
+            "not a valid JSON Schema at properties/age/type",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "p", "schema": {"type": "object"}, "strictly": True},
+                }
+            },
+            "response_format",
+            "Unrecognized request argument supplied: response_format.json_schema.json_schema.strictly",
+        ),
         ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format", "invalid request"),
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {}}]}, "tools", "not supported"),
         ("/v1/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
@@ -159,10 +199,23 @@ def test_a_parameter_that_would_change_the_answer_is_refused_naming_it_never_ign
 
 
 def test_parameters_at_their_off_value_or_harmless_ones_are_accepted():
-    body = {**CHAT, "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
-            "user": "u-1", "metadata": {"team": "a"}, "store": False, "service_tier": "auto", "n": 1,
-            "messages": [{"role": "user", "content": "hi", "name": "ann"}]}  # fmt: skip
+    body = {
+        **CHAT,
+        "logprobs": False,
+        "top_logprobs": 0,
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "frequency_penalty": 0,
+        "presence_penalty": 0.0,
+        "logit_bias": {},
+        "user": "u-1",
+        "metadata": {"team": "a"},
+        "store": False,
+        "service_tier": "auto",
+        "n": 1,
+        "messages": [{"role": "user", "content": "hi", "name": "ann"}],
+    }
     assert _post("/v1/chat/completions", body).status_code == 401  # past validation: the key is checked next
     assert _post("/v1/completions", {"model": "m", "prompt": "x", "logprobs": 0, "best_of": 1}).status_code == 401
 
@@ -173,10 +226,18 @@ def test_parameters_at_their_off_value_or_harmless_ones_are_accepted():
         {"logprobs": True},
         {"logprobs": True, "top_logprobs": 20, "max_tokens": 744},
         {"response_format": {"type": "json_object"}},
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": {
-            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "person",
+                    "strict": True,
+                    "schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                },
+            }
+        },
         {"response_format": {"type": "json_schema", "json_schema": {"name": "anything"}}},
     ],
-)  # fmt: skip
+)
 def test_implemented_parameters_pass_validation(extra):
     assert _post("/v1/chat/completions", {**CHAT, **extra}).status_code == 401  # the key is checked next

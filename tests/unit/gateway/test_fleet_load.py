@@ -13,8 +13,9 @@ class Clock:
 
 
 def beat(worker: str, in_flight: int, queued: int, ts: float) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=worker, pool="p", base_model="b", max_rank=16, capacity=16,
-                           in_flight=in_flight, queued=queued, ts=ts)  # fmt: skip
+    return WorkerHeartbeat(
+        worker_id=worker, pool="p", base_model="b", max_rank=16, capacity=16, in_flight=in_flight, queued=queued, ts=ts
+    )
 
 
 def test_other_gateways_work_counts_through_the_heartbeat():

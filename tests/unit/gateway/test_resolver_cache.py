@@ -26,8 +26,11 @@ class FakeRegistry:
         if self.down == "timeout":
             raise TimeoutError
         if self.down:
-            reply = ResolveReply(found=False, code="unavailable", error="db down") if subject == subjects.RESOLVE \
-                else TenantAuthReply(ok=False, code="unavailable")  # fmt: skip
+            reply = (
+                ResolveReply(found=False, code="unavailable", error="db down")
+                if subject == subjects.RESOLVE
+                else TenantAuthReply(ok=False, code="unavailable")
+            )
             return reply.model_dump_json().encode()
         if subject == subjects.RESOLVE:
             alias = ResolveRequest.model_validate_json(payload).alias

@@ -10,8 +10,16 @@ from safetensors.numpy import save_file
 
 from libs.models.catalog import BaseModelSpec
 
-TINY = BaseModelSpec(name="tiny", architecture="LlamaForCausalLM", num_layers=2, hidden_size=8, intermediate_size=16,
-                     num_attention_heads=2, num_key_value_heads=1, vocab_size=32)  # fmt: skip
+TINY = BaseModelSpec(
+    name="tiny",
+    architecture="LlamaForCausalLM",
+    num_layers=2,
+    hidden_size=8,
+    intermediate_size=16,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=32,
+)
 
 
 def tensors_for(spec: BaseModelSpec, rank: int, modules: list[str], dtype=np.float32) -> dict[str, np.ndarray]:
@@ -27,12 +35,22 @@ def tensors_for(spec: BaseModelSpec, rank: int, modules: list[str], dtype=np.flo
     return out
 
 
-def write_adapter(directory: Path, *, rank: int = 4, modules=("q_proj", "v_proj"), tensors=None,
-                  **config_changes) -> Path:  # fmt: skip
+def write_adapter(
+    directory: Path, *, rank: int = 4, modules=("q_proj", "v_proj"), tensors=None, **config_changes
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(modules),
-              "bias": "none", "base_model_name_or_path": "tiny", "rank_pattern": {}, "alpha_pattern": {},
-              "use_dora": False, "modules_to_save": None}  # fmt: skip
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": list(modules),
+        "bias": "none",
+        "base_model_name_or_path": "tiny",
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "use_dora": False,
+        "modules_to_save": None,
+    }
     config.update(config_changes)
     (directory / "adapter_config.json").write_text(json.dumps(config))
     if tensors is None:

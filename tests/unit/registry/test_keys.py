@@ -26,8 +26,16 @@ def test_parse_and_match():
 
 def test_malformed_keys_do_not_parse():
     good = keys.generate("acme").plaintext
-    for bad in ("", "garbage", good + "\n", good[:-1], good.replace("lpx_", "sk_"), good + "0", " " + good,
-                good.replace("acme", "ACME")):  # fmt: skip
+    for bad in (
+        "",
+        "garbage",
+        good + "\n",
+        good[:-1],
+        good.replace("lpx_", "sk_"),
+        good + "0",
+        " " + good,
+        good.replace("acme", "ACME"),
+    ):
         assert keys.parse(bad) is None, bad
 
 

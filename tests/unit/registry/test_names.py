@@ -13,8 +13,9 @@ def test_good_names(name):
     assert check_name("tenant", name) == name
 
 
-@pytest.mark.parametrize("name", ["", "../x", "a/b", "a\nb", "acme\n", "Acme", "-acme", "a b", "a.b", "a" * 64,
-                                  "a\x00", "ä", "a_b", None])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["", "../x", "a/b", "a\nb", "acme\n", "Acme", "-acme", "a b", "a.b", "a" * 64, "a\x00", "ä", "a_b", None]
+)
 def test_bad_names(name):
     with pytest.raises(Invalid, match="invalid tenant name") as caught:
         check_name("tenant", name)

@@ -31,8 +31,12 @@ def test_rank_over_the_pool_limit_names_the_limit(tmp_path):
 
 
 def test_target_not_in_the_base_is_refused(tmp_path):
-    assert refused_code(write_adapter(tmp_path / "t", modules=("q_proj", "lm_head"),
-                                      tensors=tensors_for(TINY, 4, ["q_proj"]))) == "unsupported_target"  # fmt: skip
+    assert (
+        refused_code(
+            write_adapter(tmp_path / "t", modules=("q_proj", "lm_head"), tensors=tensors_for(TINY, 4, ["q_proj"]))
+        )
+        == "unsupported_target"
+    )
 
 
 def test_tensors_for_an_undeclared_module_are_refused(tmp_path):
@@ -88,8 +92,9 @@ def test_mixed_dtypes_are_refused(tmp_path):
     assert refused_code(write_adapter(tmp_path / "m", tensors=tensors)) == "mixed_dtypes"
 
 
-@pytest.mark.parametrize(("dtype", "value"), [(np.float32, np.nan), (np.float32, -np.inf), (np.float16, np.inf),
-                                              (np.float16, np.nan)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "value"), [(np.float32, np.nan), (np.float32, -np.inf), (np.float16, np.inf), (np.float16, np.nan)]
+)
 def test_non_finite_values_are_refused(tmp_path, dtype, value):
     tensors = tensors_for(TINY, 4, ["q_proj", "v_proj"], dtype=dtype)
     key = next(k for k in tensors if k.endswith("v_proj.lora_B.weight"))
@@ -119,11 +124,18 @@ def test_largest_finite_values_are_not_mistaken_for_inf(tmp_path):
     validate_adapter(read_adapter(write_adapter(tmp_path / "max", tensors=tensors)), TINY)
 
 
-@pytest.mark.parametrize(("change", "code"), [
-    ({"peft_type": "IA3"}, "not_lora"), ({"use_dora": True}, "unsupported_feature"),
-    ({"rank_pattern": {"q_proj": 8}}, "unsupported_feature"), ({"modules_to_save": ["lm_head"]}, "unsupported_feature"),
-    ({"bias": "all"}, "unsupported_feature"), ({"r": "4"}, "bad_config"), ({"lora_alpha": 0}, "bad_config"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"peft_type": "IA3"}, "not_lora"),
+        ({"use_dora": True}, "unsupported_feature"),
+        ({"rank_pattern": {"q_proj": 8}}, "unsupported_feature"),
+        ({"modules_to_save": ["lm_head"]}, "unsupported_feature"),
+        ({"bias": "all"}, "unsupported_feature"),
+        ({"r": "4"}, "bad_config"),
+        ({"lora_alpha": 0}, "bad_config"),
+    ],
+)
 def test_config_features_the_engine_cannot_apply(tmp_path, change, code):
     tensors = tensors_for(TINY, 4, ["q_proj", "v_proj"])
     assert refused_code(write_adapter(tmp_path / "c", tensors=tensors, **change)) == code
@@ -148,8 +160,16 @@ def test_push_refuses_oversize(tmp_path):
         validate_upload(directory, TINY, Policy(), max_bytes=100)
 
 
-@pytest.mark.parametrize(("declared", "ok"), [("tiny", True), ("/data/models/tiny", True), ("", True),
-                                              ("smollm2-135m", False), ("meta-llama/Llama-3.1-8B", False)])
+@pytest.mark.parametrize(
+    ("declared", "ok"),
+    [
+        ("tiny", True),
+        ("/data/models/tiny", True),
+        ("", True),
+        ("smollm2-135m", False),
+        ("meta-llama/Llama-3.1-8B", False),
+    ],
+)
 def test_base_named_in_the_config_must_match(tmp_path, declared, ok):
     files = read_adapter(write_adapter(tmp_path / "b", base_model_name_or_path=declared))
     if ok:

@@ -35,8 +35,14 @@ async def _sim() -> SimEngine:
 async def test_logprobs_come_with_every_streamed_delta_and_in_the_outcome():
     nc = _Recorder()
     processor = _processor(nc, await _sim())
-    request = InferenceRequest(request_id="r1", tenant_id="t", base_model="b", prompt="hi", stream=True,
-                               sampling=SamplingParams(max_tokens=4, logprobs=2))  # fmt: skip
+    request = InferenceRequest(
+        request_id="r1",
+        tenant_id="t",
+        base_model="b",
+        prompt="hi",
+        stream=True,
+        sampling=SamplingParams(max_tokens=4, logprobs=2),
+    )
     outcome = await processor._generate(request, None)
     assert len(outcome.logprobs) == outcome.completion_tokens == 4
     assert "".join(t.token for t in outcome.logprobs) == outcome.text
@@ -47,8 +53,9 @@ async def test_logprobs_come_with_every_streamed_delta_and_in_the_outcome():
 
 async def test_no_logprobs_unless_asked():
     processor = _processor(_Recorder(), await _sim())
-    request = InferenceRequest(request_id="r2", tenant_id="t", base_model="b", prompt="hi",
-                               sampling=SamplingParams(max_tokens=3))  # fmt: skip
+    request = InferenceRequest(
+        request_id="r2", tenant_id="t", base_model="b", prompt="hi", sampling=SamplingParams(max_tokens=3)
+    )
     assert (await processor._generate(request, None)).logprobs is None
 
 
@@ -63,8 +70,9 @@ async def test_the_simulated_engine_refuses_to_pretend_it_constrains_json():
 async def test_a_result_over_the_message_limit_becomes_an_error_naming_why():
     nc = _Recorder(max_payload=16 * 1024)
     token = TokenLogprob(token="abc", logprob=-0.5, top=[TopLogprob(token=f"t{i}", logprob=-1.0) for i in range(20)])
-    big = InferenceResult(request_id="r4", worker_id="w1", ok=True, text="abc" * 100, logprobs=[token] * 100,
-                          tenant="t")  # fmt: skip
+    big = InferenceResult(
+        request_id="r4", worker_id="w1", ok=True, text="abc" * 100, logprobs=[token] * 100, tenant="t"
+    )
     await _processor(nc)._publish_result(big, None)
     ((subject, data),) = nc.sent
     sent = InferenceResult.model_validate_json(data)

@@ -20,8 +20,21 @@ depends_on = None
 TS = sa.DateTime(timezone=True)
 STATUSES = ("pending", "evaluating", "active", "rejected", "retired")
 # Everything that identifies a version's content: once written, no UPDATE may change it.
-IMMUTABLE_COLUMNS = ("adapter_id", "number", "digest", "base_model_id", "base_model", "rank", "alpha",
-                     "target_modules", "dtype", "size_bytes", "object_key", "file_digests", "created_at")  # fmt: skip
+IMMUTABLE_COLUMNS = (
+    "adapter_id",
+    "number",
+    "digest",
+    "base_model_id",
+    "base_model",
+    "rank",
+    "alpha",
+    "target_modules",
+    "dtype",
+    "size_bytes",
+    "object_key",
+    "file_digests",
+    "created_at",
+)
 
 
 def upgrade() -> None:
@@ -92,8 +105,7 @@ def upgrade() -> None:
         sa.CheckConstraint("digest ~ '^[0-9a-f]{64}$'", name="ck_versions_digest"),
         sa.CheckConstraint("rank > 0", name="ck_versions_rank"),
     )
-    op.create_foreign_key("fk_adapters_current_version", "adapters", "adapter_versions",
-                          ["current_version_id"], ["id"])  # fmt: skip
+    op.create_foreign_key("fk_adapters_current_version", "adapters", "adapter_versions", ["current_version_id"], ["id"])
     op.create_table(
         "aliases",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -104,9 +116,11 @@ def upgrade() -> None:
         sa.Column("version_id", sa.Integer, sa.ForeignKey("adapter_versions.id"), nullable=True),
         sa.Column("created_at", TS, nullable=False),
         sa.UniqueConstraint("tenant_id", "name", name="uq_aliases_tenant_name"),
-        sa.CheckConstraint("(kind = 'pinned' AND version_id IS NOT NULL) OR (kind = 'follow' AND version_id IS NULL)",
-                           name="ck_aliases_kind"),
-    )  # fmt: skip
+        sa.CheckConstraint(
+            "(kind = 'pinned' AND version_id IS NOT NULL) OR (kind = 'follow' AND version_id IS NULL)",
+            name="ck_aliases_kind",
+        ),
+    )
     op.create_table(
         "datasets",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -156,6 +170,14 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS lpx_versions_immutable ON adapter_versions")
     op.execute("DROP FUNCTION IF EXISTS lpx_versions_immutable()")
     op.drop_constraint("fk_adapters_current_version", "adapters", type_="foreignkey")
-    for table in ("outbox", "datasets", "aliases", "adapter_versions", "adapters", "base_models", "api_keys",
-                  "tenants"):  # fmt: skip
+    for table in (
+        "outbox",
+        "datasets",
+        "aliases",
+        "adapter_versions",
+        "adapters",
+        "base_models",
+        "api_keys",
+        "tenants",
+    ):
         op.drop_table(table)

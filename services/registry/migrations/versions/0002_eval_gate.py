@@ -16,19 +16,34 @@ down_revision = "0001_initial"
 branch_labels = None
 depends_on = None
 
-IMMUTABLE_COLUMNS = ("adapter_id", "number", "digest", "base_model_id", "base_model", "rank", "alpha",
-                     "target_modules", "dtype", "size_bytes", "object_key", "file_digests", "created_at",
-                     "dataset_id")  # fmt: skip
+IMMUTABLE_COLUMNS = (
+    "adapter_id",
+    "number",
+    "digest",
+    "base_model_id",
+    "base_model",
+    "rank",
+    "alpha",
+    "target_modules",
+    "dtype",
+    "size_bytes",
+    "object_key",
+    "file_digests",
+    "created_at",
+    "dataset_id",
+)
 
 
 def upgrade() -> None:
     op.add_column("tenants", sa.Column("eval_threshold", sa.Float, nullable=True))
-    op.create_check_constraint("ck_tenants_eval_threshold", "tenants",
-                               "eval_threshold IS NULL OR (eval_threshold >= 0 AND eval_threshold <= 1)")
+    op.create_check_constraint(
+        "ck_tenants_eval_threshold",
+        "tenants",
+        "eval_threshold IS NULL OR (eval_threshold >= 0 AND eval_threshold <= 1)",
+    )
     op.add_column("datasets", sa.Column("train_examples", sa.Integer, nullable=False, server_default="0"))
     op.add_column("datasets", sa.Column("eval_cases", sa.Integer, nullable=False, server_default="0"))
-    op.add_column("adapter_versions", sa.Column("dataset_id", sa.Integer, sa.ForeignKey("datasets.id"),
-                                                nullable=True))  # fmt: skip
+    op.add_column("adapter_versions", sa.Column("dataset_id", sa.Integer, sa.ForeignKey("datasets.id"), nullable=True))
     _replace_trigger_function(IMMUTABLE_COLUMNS)
 
 
