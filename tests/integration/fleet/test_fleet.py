@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from libs.contracts import subjects
-from tests.e2e.fleet.conftest import POOL
+from tests.integration.fleet.conftest import POOL
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration  # simulated engines: no vLLM
 
 GATEWAYS, WORKERS, KILLED_WORKERS = 3, 8, 2
 
