@@ -308,22 +308,30 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
         return JSONResponse(body, status_code=200 if broker else 503)
 
     app.include_router(router)
-    app.middleware("http")(_limit_body(settings.max_body_bytes))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.openapi = lambda: _openapi(app)
     return app
 
 
-def _limit_body(max_bytes: int):
-    """Refuse an oversized body from its Content-Length, before it is read and parsed."""
+class BodyLimit:
+    """Refuse an oversized body from its Content-Length, before it is read and parsed.
 
-    async def middleware(request: Request, call_next):
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > max_bytes:
-            message = f"The request body is {length} bytes; this gateway accepts at most {max_bytes}."
-            return GatewayError(413, message, "request_too_large").response()
-        return await call_next(request)
+    A plain ASGI middleware, not Starlette's `BaseHTTPMiddleware` (`app.middleware("http")`): that one
+    relays every chunk of a streamed response through a memory stream and a task switch, CPU paid for
+    every token of every streamed answer."""
 
-    return middleware
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope.get("headers") or ()).get(b"content-length", b"").decode("latin-1")
+            if length.isdigit() and int(length) > self.max_bytes:
+                message = f"The request body is {length} bytes; this gateway accepts at most {self.max_bytes}."
+                await GatewayError(413, message, "request_too_large").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Readiness(BaseModel):
