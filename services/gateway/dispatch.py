@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from libs.broker import ConnectionState, publish_retrying
 from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, WorkerLoad, subjects
+from libs.recent_ids import RecentIds
 from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors
@@ -134,20 +135,6 @@ def check_applied(
     return result
 
 
-class _Recent:
-    def __init__(self, limit: int = 100_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._limit = limit
-
-    def add(self, rid: str) -> None:
-        self._ids[rid] = None
-        if len(self._ids) > self._limit:
-            self._ids.popitem(last=False)
-
-    def __contains__(self, rid: str) -> bool:
-        return rid in self._ids
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -193,7 +180,7 @@ class Dispatcher:
         self.jobs: dict[str, Job] = {}
         self.loads: dict[str, int] = defaultdict(int)  # worker -> this gateway's in-flight requests
         self.adapter_loads: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # pool -> token -> n
-        self._answered = _Recent()
+        self._answered = RecentIds(limit=100_000)
         self._subs: list = []
         self._sweeper: asyncio.Task | None = None
         self._lookups = ConnectionState("results stream lookups")

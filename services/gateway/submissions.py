@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from libs.broker import ConnectionState, is_transient, last_message, publish_retrying
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
 from libs.contracts.parsing import first_error, request_id_of
-from libs.messaging import dead_letter
+from libs.messaging import dead_letter, kept_in_progress
 from libs.telemetry import extract_context, inject_headers
 from services.gateway import errors, logprobs
 from services.gateway.dispatch import check_applied
@@ -157,25 +157,24 @@ class SubmissionConsumer:
             await msg.ack()
             return
         self.active.add((tenant, rid))
-        keepalive = asyncio.create_task(self._keep_in_progress(msg))
         try:
-            with g.tracer.start_as_current_span(
-                "gateway.submission",
-                context=extract_context(msg.headers),
-                attributes={"lpx.request_id": rid, "lpx.tenant": tenant},
-            ):
-                result = await self._execute(submit, tenant)
-            await publish_retrying(
-                g.js,
-                result_subject,
-                result.model_dump_json().encode(),
-                headers=inject_headers({"Nats-Msg-Id": f"result-{tenant}-{rid}"}),
-                give_up_at=time.time() + RESULT_PUBLISH_RETRY_S,
-            )
-            g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
-            await msg.ack()
+            async with kept_in_progress(msg, ACK_WAIT_S):  # not redelivered while it waits for the pool
+                with g.tracer.start_as_current_span(
+                    "gateway.submission",
+                    context=extract_context(msg.headers),
+                    attributes={"lpx.request_id": rid, "lpx.tenant": tenant},
+                ):
+                    result = await self._execute(submit, tenant)
+                await publish_retrying(
+                    g.js,
+                    result_subject,
+                    result.model_dump_json().encode(),
+                    headers=inject_headers({"Nats-Msg-Id": f"result-{tenant}-{rid}"}),
+                    give_up_at=time.time() + RESULT_PUBLISH_RETRY_S,
+                )
+                g.metrics.submissions.add(1, {"outcome": "ok" if result.ok else result.error.code})
+                await msg.ack()
         finally:
-            keepalive.cancel()
             self.active.discard((tenant, rid))
 
     async def _execute(self, submit: SubmitRequest, tenant: str) -> InferenceResult:
@@ -300,12 +299,6 @@ class SubmissionConsumer:
     async def _stored(self, subject: str) -> bytes | None:
         stored = await last_message(self.gateway.js, subjects.RESULTS_STREAM, subject)
         return stored.data if stored is not None else None
-
-    async def _keep_in_progress(self, msg) -> None:
-        while True:
-            await asyncio.sleep(ACK_WAIT_S / 3)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
 
     async def _dead_letter(self, msg, reason: str, *, tenant: str | None) -> None:
         """Park the message with its reason and, when its tenant and request id can be read, tell the

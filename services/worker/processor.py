@@ -8,11 +8,9 @@ without it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -33,7 +31,8 @@ from libs.contracts import (
 )
 from libs.contracts.parsing import first_error, reply_to_of, request_id_of
 from libs.engine import GenerationRequest, RequestRejected, TokenLogprobs
-from libs.messaging import dead_letter
+from libs.messaging import dead_letter, kept_in_progress
+from libs.recent_ids import RecentIds
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
 from services.worker.engine_admission import EngineAdmission, Ticket
@@ -48,22 +47,6 @@ RESULT_RETRY_S = 60.0
 
 def _publish_deadline(request: InferenceRequest) -> float:
     return max(time.time() + RESULT_RETRY_S, request.deadline or 0.0)
-
-
-class RecentIds:
-    """Request ids answered recently (bounded), the fast path of duplicate suppression."""
-
-    def __init__(self, limit: int = 50_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._limit = limit
-
-    def add(self, request_id: str) -> None:
-        self._ids[request_id] = None
-        if len(self._ids) > self._limit:
-            self._ids.popitem(last=False)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._ids
 
 
 @dataclass
@@ -151,9 +134,10 @@ class RequestProcessor:
                 return self._error(request, exc.code, str(exc), timings)
             self.metrics.record_tier(lease.tier, lease.load_s)
             timings["adapter_load_s"] = lease.load_s
-        keepalive = asyncio.create_task(self._keep_in_progress(msg))  # slot waits and generation alike
         try:
-            async with self._admitted(lease) as ticket:
+            # Long generations must not be redelivered to someone else: JetStream hears we are on it,
+            # through slot waits and generation alike.
+            async with kept_in_progress(msg, self.ack_wait_s), self._admitted(lease) as ticket:
                 timings["admission_wait_s"] = ticket.waited
                 outcome = await self._generate(request, lease, ticket.started)
         except RequestRejected as exc:  # the request asked for something the engine cannot do
@@ -163,7 +147,6 @@ class RequestProcessor:
             log.exception("generation failed", extra={"request_id": request.request_id})
             return self._error(request, "engine_error", f"{type(exc).__name__}: {exc}", timings)
         finally:
-            keepalive.cancel()
             if lease is not None:
                 self.tiers.release(lease)
         self.generated_tokens += outcome.completion_tokens
@@ -241,13 +224,6 @@ class RequestProcessor:
             out.finish_reason = chunk.finish_reason or out.finish_reason
         out.last_token_at = time.time()
         return out
-
-    async def _keep_in_progress(self, msg: Msg) -> None:
-        """Long generations must not be redelivered to someone else: tell JetStream we are on it."""
-        while True:
-            await asyncio.sleep(max(1.0, self.ack_wait_s / 3))
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
 
     def _error(self, request: InferenceRequest, code: str, message: str, timings: dict) -> InferenceResult:
         return InferenceResult(
