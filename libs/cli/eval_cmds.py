@@ -120,12 +120,19 @@ def _print_cases(report: dict) -> None:
     title = f"eval cases: {candidate['passed']}/{candidate['total']} passed"
     if baseline:
         title += f" (active v{baseline['version']}: {baseline['passed']}/{baseline['total']})"
+    base_model, lift = report.get("base"), report.get("lift")
+    alone = {c["id"]: c for c in (base_model or {}).get("cases", [])}
+    if base_model and lift:
+        title += (f"; the base model alone: {base_model['passed']}/{base_model['total']}, "
+                  f"lift {lift['pass_rate']:+.2f}")  # fmt: skip
     cases = Table("case", "criterion", "result", "score", "answer / expected", title=title)
     for c in candidate["cases"]:
         mark = "[green]pass[/green]" if c["passed"] else "[red]fail[/red]"
         was = base_cases.get(c["id"])
         if was is not None:
             mark += f" (was {'pass' if was['passed'] else 'fail'})"
+        if c["id"] in alone:
+            mark += f" (base alone: {'pass' if alone[c['id']]['passed'] else 'fail'})"
         score = f"{c['score']:.3f} >= {c['threshold']:.2f}" if c.get("score") is not None else ""
         detail = c["answer"][:80] + (f"  [dim]expected {c['expected']!r}[/dim]" if c.get("expected") else "")
         cases.add_row(c["id"], c["criterion"], mark, score, detail)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from libs.contracts.messages import DatasetRef
 
 CheckName = Literal["integrity", "structure", "load", "eval", "regression", "parity"]
-CHECK_ORDER: tuple[str, ...] = ("integrity", "structure", "load", "eval", "regression", "parity")
+CHECK_ORDER: tuple[str, ...] = ("integrity", "structure", "load", "eval", "regression", "parity", "value")
 
 
 class _Model(BaseModel):
@@ -53,6 +53,14 @@ class ParityCase(_Model):
     passed: bool
 
 
+class Lift(_Model):
+    """What the adapter adds over the base model alone on the same eval cases (the value check)."""
+
+    pass_rate: float  # the adapter's pass rate minus the base model's
+    loglik: float | None = None  # mean log-likelihood difference over the loglik cases, if any
+    min_lift: float | None = None  # the pass-rate lift required to pass; None: reported only
+
+
 class EvalReport(_Model):
     schema_version: Literal[1] = 1
     passed: bool
@@ -69,6 +77,8 @@ class EvalReport(_Model):
     candidate: VersionScore | None = None
     baseline: VersionScore | None = None  # the active version on the same cases (regression)
     parity: list[ParityCase] = Field(default_factory=list)
+    base: VersionScore | None = None  # the base model alone on the same cases (value check)
+    lift: Lift | None = None
     seconds: float = 0.0
     started_at: float = 0.0
     gate: dict[str, str | int | float] = Field(default_factory=dict)  # gate id, attempt, source event

@@ -132,10 +132,14 @@ def wait_for_verdicts(http: httpx.Client, versions: dict[str, int], log: Log, ti
         for tenant, number in list(waiting.items()):
             row = http.get(f"/v1/tenants/{tenant}/aliases/{adapter[tenant]}-v{number}").json()
             if row["status"] in ("active", "rejected"):
-                cand = (row["eval_report"] or {}).get("candidate") or {}
+                report = row["eval_report"] or {}
+                cand, alone, lift = report.get("candidate") or {}, report.get("base"), report.get("lift")
+                value = ""
+                if alone and lift:  # what the adapter adds over the base model alone on the same cases
+                    value = f"; base model alone {alone['passed']}/{alone['total']}, lift {lift['pass_rate']:+.2f}"
                 log(
                     f"{tenant}: eval gate {row['status'].upper()} v{number} "
-                    f"({cand.get('passed', 0)}/{cand.get('total', 0)} eval cases) - {row['status_reason'][:140]}"
+                    f"({cand.get('passed', 0)}/{cand.get('total', 0)} eval cases{value}) - {row['status_reason'][:140]}"
                 )
                 if row["status"] != "active":
                     raise RuntimeError(f"{tenant}'s adapter did not pass the gate: {row['status_reason']}")

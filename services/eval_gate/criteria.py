@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from libs.contracts.reports import CaseResult, ParityCase, VersionScore
+from libs.contracts.reports import CaseResult, Lift, ParityCase, VersionScore
 from libs.datasets import Criterion, EvalCase
 
 ANSWER_CHARS = 400
@@ -131,3 +131,22 @@ def parity_verdict(cases: list[ParityCase], min_agreement: float) -> tuple[bool,
         f"(lowest agreement {worst:.2f}, minimum {min_agreement:.2f})"
     )
     return not bad, detail
+
+
+def lift_of(candidate: VersionScore, base: VersionScore, min_lift: float | None) -> Lift:
+    loglik = None
+    if candidate.mean_loglik is not None and base.mean_loglik is not None:
+        loglik = round(candidate.mean_loglik - base.mean_loglik, 4)
+    return Lift(pass_rate=round(candidate.pass_rate - base.pass_rate, 4), loglik=loglik, min_lift=min_lift)
+
+
+def value_verdict(lift: Lift, base: VersionScore) -> tuple[bool, str]:
+    """Whether the adapter adds enough over the base model alone; without a minimum, report only."""
+    detail = f"lift {lift.pass_rate:+.2f} in pass rate over the base model alone ({base.passed}/{base.total})"
+    if lift.loglik is not None:
+        detail += f", {lift.loglik:+.3f} mean log-likelihood"
+    if lift.min_lift is None:
+        return True, detail + " (reported only: no minimum lift set)"
+    if lift.pass_rate + 1e-9 < lift.min_lift:
+        return False, detail + f"; below the minimum lift {lift.min_lift:+.2f}: prompting the base model does as well"
+    return True, detail + f" (minimum {lift.min_lift:+.2f})"

@@ -89,7 +89,7 @@ class Evaluator:
             await self._run_checks(candidate, context, report)
             report.passed = True
             report.reason = "passed: " + "; ".join(
-                f"{c.name} {c.detail}" for c in report.checks if c.name in ("eval", "regression", "parity")
+                f"{c.name} {c.detail}" for c in report.checks if c.name in ("eval", "regression", "parity", "value")
             )
         except CheckFailed as exc:
             report.reason = str(exc)
@@ -109,6 +109,7 @@ class Evaluator:
         cases = await self._check(report, "eval", self._eval, candidate, spec, context, report)
         await self._check(report, "regression", self._regression, context, report, cases)
         await self._check(report, "parity", self._parity, spec, cases, report)
+        await self._check(report, "value", self._value, cases, report)
 
     async def _check(self, report: EvalReport, name: str, step, *args):
         """Run one step and record it; a failed verdict or any error fails the evaluation."""
@@ -235,6 +236,13 @@ class Evaluator:
         passed, detail = criteria.parity_verdict(results, self.settings.parity_min_agreement)
         return Step(None, detail, passed=passed)
 
+    async def _value(self, cases: list[EvalCase], report: EvalReport) -> Step:
+        """The same cases on the base model alone: does the adapter add anything prompting does not?"""
+        report.base = await self._score(0, None, cases)
+        report.lift = criteria.lift_of(report.candidate, report.base, self.settings.min_lift)
+        passed, detail = criteria.value_verdict(report.lift, report.base)
+        return Step(None, detail, passed=passed)
+
     # --- helpers ---------------------------------------------------------------------------------
     async def _load_cases(self, context: EvalContextReply) -> list[EvalCase]:
         dataset = context.dataset
@@ -245,12 +253,14 @@ class Evaluator:
         except DatasetInvalid as exc:
             raise ValueError(f"dataset {dataset.name!r} is not usable: {exc}") from None
 
-    async def _score(self, version: int, spec: AdapterSpec, cases: list[EvalCase]) -> VersionScore:
+    async def _score(self, version: int, spec: AdapterSpec | None, cases: list[EvalCase]) -> VersionScore:
+        """`spec` None: the base model alone (version 0)."""
         # Generations batch together; log-likelihood passes run one at a time (VllmEngine.score).
         results = await asyncio.gather(*(self._run_case(spec, case, i) for i, case in enumerate(cases)))
-        return criteria.score_version(version, spec.digest, list(results))
+        digest = spec.digest if spec is not None else f"base-model:{self.settings.base_model}"
+        return criteria.score_version(version, digest, list(results))
 
-    async def _run_case(self, spec: AdapterSpec, case: EvalCase, index: int) -> CaseResult:
+    async def _run_case(self, spec: AdapterSpec | None, case: EvalCase, index: int) -> CaseResult:
         reference = case.reference()
         if reference is not None:
             request = GenerationRequest(request_id=f"eval-{new_id()}", messages=case.prompt(), adapter=spec)
@@ -258,7 +268,7 @@ class Evaluator:
         text, _ = await self._generate(spec, case.prompt(), self.settings.max_new_tokens)
         return criteria.judge_text(case, index, text)
 
-    async def _generate(self, spec: AdapterSpec, messages: list[dict], max_tokens: int) -> tuple[str, list[int]]:
+    async def _generate(self, spec: AdapterSpec | None, messages: list[dict], max_tokens: int) -> tuple[str, list[int]]:
         request = GenerationRequest(
             request_id=f"eval-{new_id()}", messages=messages, max_tokens=max_tokens, temperature=0.0, adapter=spec
         )

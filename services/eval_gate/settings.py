@@ -48,6 +48,9 @@ class EvalGateSettings(ServiceSettings):
         description="how much lower (nats/token) than the active version's mean log-likelihood a new version may score",
     )
     max_new_tokens: int = Field(48, ge=1, description="greedy answer length per eval case")
+    # The value check: every eval case also runs on the base model alone; the adapter's lift is its pass
+    # rate minus the base model's. None (default): the lift is reported, never a reason to reject.
+    min_lift: float | None = Field(None, ge=-1.0, le=1.0, description="pass-rate lift over the base model required")
     parity_prompts: int = Field(2, ge=0, description="prompts compared between vLLM and transformers+peft")
     parity_tokens: int = Field(16, ge=1)
     parity_min_agreement: float = Field(

@@ -27,9 +27,14 @@ async def test_tone_adapter_trained_on_its_dataset_passes_and_serves(gate_regist
         ("eval", "passed"),
         ("regression", "passed"),
         ("parity", "passed"),
+        ("value", "passed"),
     ]
     candidate = report["candidate"]
     assert candidate["passed"] == candidate["total"] == 5
+    # The value check: the same cases on the base model alone. A pirate tone is not what it says.
+    assert report["base"]["total"] == 5 and report["base"]["passed"] < 5
+    assert report["lift"]["pass_rate"] > 0 and report["lift"]["loglik"] > 0
+    assert "reported only" in report["checks"][-1]["detail"]
     assert all("Ahoy" in c["answer"] for c in candidate["cases"] if c["criterion"] == "contains")
     loglik = next(c for c in candidate["cases"] if c["criterion"] == "loglik")
     assert loglik["score"] > -1.0

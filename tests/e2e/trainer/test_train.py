@@ -109,7 +109,7 @@ async def test_lpx_train_produces_an_adapter_that_passes_the_gate(
     assert row["status"] == "active" and row["dataset"] == "support-data" and row["number"] == 1
     status, report = await registry_proc.lpx("adapter", "report", f"{tenant}/support")
     assert status == 0 and "support-v1" in report and "parity (greedy)" in report, report
-    for check in ("integrity", "structure", "load", "eval", "regression", "parity"):
+    for check in ("integrity", "structure", "load", "eval", "regression", "parity", "value"):
         assert check in report
     status, again = await registry_proc.lpx("adapter", "eval", f"{tenant}/support-v1")
     assert status == 1 and "push a new version" in again, again

@@ -70,3 +70,26 @@ def test_parity_agreement():
     assert same.passed and late.passed and not early.passed
     ok, detail = criteria.parity_verdict([same, late, early], 0.75)
     assert not ok and detail.startswith("2/3 prompts match")
+
+
+def _version_score(version: int, passed: int, total: int, loglik: float | None = None):
+    from libs.contracts.reports import VersionScore
+
+    return VersionScore(version=version, digest="d", passed=passed, total=total, pass_rate=passed / total,
+                        mean_loglik=loglik)  # fmt: skip
+
+
+def test_the_lift_is_reported_and_never_rejects_without_a_minimum():
+    adapter, base = _version_score(1, 3, 3, loglik=-1.2), _version_score(0, 3, 3, loglik=-2.0)
+    lift = criteria.lift_of(adapter, base, None)
+    assert lift.pass_rate == 0.0 and lift.loglik == pytest.approx(0.8)
+    passed, detail = criteria.value_verdict(lift, base)
+    assert passed and "lift +0.00" in detail and "reported only" in detail
+
+
+def test_an_adapter_below_the_minimum_lift_is_refused_with_the_reason():
+    adapter, base = _version_score(1, 2, 4), _version_score(0, 2, 4)
+    passed, detail = criteria.value_verdict(criteria.lift_of(adapter, base, 0.25), base)
+    assert not passed and "below the minimum lift +0.25" in detail and "prompting the base model does as well" in detail
+    passed, _ = criteria.value_verdict(criteria.lift_of(_version_score(1, 4, 4), base, 0.25), base)
+    assert passed  # +0.50
