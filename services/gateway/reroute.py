@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from nats.js.errors import KeyDeletedError, NotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE
 
 from libs.contracts import subjects
 from services.gateway.dispatch import Dispatcher, Job
@@ -84,8 +85,10 @@ class Rerouter:
             return False
         try:
             await kv.get(worker)
-        except KeyDeletedError:
-            return True  # a delete marker: the worker removed its own key
+        except (KeyDeletedError, KeyNotFoundError) as exc:
+            # A delete marker: the worker removed its own key. nats-py 2.16's `get` reports the marker as
+            # KeyNotFoundError carrying its operation; a key that expired or never was has none.
+            return isinstance(exc, KeyDeletedError) or exc.op in (KV_DEL, KV_PURGE)
         except Exception:
             return False
         return False  # still there but stale: lost
