@@ -29,6 +29,8 @@ from nats.js import errors as js_errors
 from nats.js.api import KeyValueConfig
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from libs.connection_state import ConnectionState
+from libs.connection_state import describe as _describe
 from libs.contracts import subjects
 from libs.contracts.subjects import StreamSpec
 from libs.messaging import ProvisioningConflict, ensure_buckets, ensure_streams_on
@@ -63,35 +65,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, js_errors.APIError) and exc.code in (503, 504):
         return True
     return isinstance(exc, TRANSIENT)
-
-
-class ConnectionState:
-    """One log line per change of state, however many failures there are in between."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.down_since: float | None = None
-
-    @property
-    def down(self) -> bool:
-        return self.down_since is not None
-
-    def failed(self, exc: BaseException | str) -> None:
-        if self.down_since is None:
-            self.down_since = time.monotonic()
-            log.warning("%s unavailable: %s", self.what, _describe(exc))
-
-    def ok(self) -> None:
-        if self.down_since is not None:
-            log.info("%s back after %.1fs", self.what, time.monotonic() - self.down_since)
-            self.down_since = None
-
-
-def _describe(exc: BaseException | str) -> str:
-    if isinstance(exc, str):
-        return exc
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def quiet_callbacks(what: str) -> dict:

@@ -14,6 +14,7 @@ from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConf
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from pydantic import BaseModel
 
+from libs.connection_state import ConnectionState
 from libs.contracts import DeadLetter, subjects
 from libs.contracts.subjects import StreamSpec
 from libs.settings import nats_servers
@@ -223,8 +224,6 @@ async def serve_one_at_a_time(
     """Pull one message at a time from a durable pull subscription and `handle` it, until `stopping`.
     An exception in `handle` is a transient failure: the message is NAKed with a delay (redelivered)."""
     from nats.errors import TimeoutError as NatsTimeout
-
-    from libs.broker import ConnectionState
 
     state = ConnectionState("work queue")
     while not stopping.is_set():
