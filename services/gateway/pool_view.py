@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import ValidationError
 
 from libs.broker import ConnectionState
@@ -91,6 +92,7 @@ class PoolView:
         self._task: asyncio.Task | None = None
         self._last_live: set[str] = set()  # live at the previous refresh
         self._held: dict[str, WorkerHeartbeat] = {}  # live when the view went blind
+        self._drained: set[str] = set()  # keys whose last read was a delete marker (a drain)
         self._blind = False
         self._grace_until = 0.0
         self.state = ConnectionState("heartbeat bucket")
@@ -153,7 +155,14 @@ class PoolView:
                 self.state.failed(exc)
 
     async def refresh(self) -> None:
-        self.beats = await self._read()
+        read = await self._read()
+        # A worker whose beat is still fresh but whose key is missing and not deleted did not leave: the
+        # bucket lost the key (a cluster node that led this memory bucket came back empty, or answered
+        # before catching up). Its last beat is kept; staleness drops it if it does not beat again.
+        # (Dropping it emptied the pool right after a cluster node rejoined: every request got 503
+        # no_worker_available until the workers' next beats.)
+        kept = live_workers(self.beats.values(), self._clock(), self.staleness_s)
+        self.beats = {**{w: b for w, b in kept.items() if w not in self._drained}, **read}
         self.last_pool.update({worker: beat.pool for worker, beat in self.beats.items()})
         self.state.ok()
         self._regained()
@@ -174,10 +183,14 @@ class PoolView:
                 return {}  # no worker has ever started
         keys = await self._keys()
         beats: dict[str, WorkerHeartbeat] = {}
+        drained: set[str] = set()
+        self._drained = drained
         entries = await asyncio.gather(*(self._kv.get(k) for k in keys), return_exceptions=True)
         for key, entry in zip(keys, entries, strict=True):
             if isinstance(entry, KeyNotFoundError | NotFoundError):
-                continue  # deleted by a drain, or expired since the listing
+                if getattr(entry, "op", None) in (KV_DEL, KV_PURGE):
+                    drained.add(key)  # deleted by a drain: the worker left
+                continue  # expired since the listing, or not found right now: refresh() decides
             if isinstance(entry, BaseException):
                 raise entry
             try:

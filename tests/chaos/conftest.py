@@ -107,13 +107,19 @@ async def platform_of(engine, base_model_path, tmp_path_factory):
         tmp = tmp_path_factory.mktemp(f"chaos-{nats_nodes}n")
         workers = []
         for wid in ("chaos-w1", "chaos-w2"):
+            # Heartbeats as deployed (10 s TTL and staleness, the defaults): in a 3-node cluster the
+            # memory R3 heartbeat bucket takes ~6 s to elect a leader after its leader dies, and beats
+            # cannot be written meanwhile. With 3 s the gateway judged every worker gone mid-election
+            # (README, "Surviving the broker": staleness must exceed that election).
             settings = worker_settings(
-                conn, tmp, wid, pool=POOL, capacity=8, heartbeat_interval_s=0.5, heartbeat_ttl_s=3
+                conn, tmp, wid, pool=POOL, capacity=8, heartbeat_interval_s=0.5, heartbeat_ttl_s=10
             )
             worker = Worker(settings, engine=engine)
             await worker.start()
             workers.append(worker)
-        gateway = ServedGateway(gateway_settings(conn, request_timeout_s=90.0, publish_retry_s=30.0))
+        gateway = ServedGateway(
+            gateway_settings(conn, request_timeout_s=90.0, publish_retry_s=30.0, heartbeat_staleness_s=10.0)
+        )
         gateway.start()
         await gateway.wait_workers(2)
         platform = Platform(stack, conn, registry, gateway, workers, a, b, key_a, key_b, digest_a, digest_b)

@@ -4,10 +4,13 @@ the leader election; nothing accepted is lost, nothing is answered twice."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from libs.contracts import subjects
 from tests.chaos.drills import run_drill
+from tests.chaos.load import seconds_until_serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
@@ -34,12 +37,17 @@ async def _node(platform, role: str) -> str:
 
 @pytest.mark.parametrize("role", ["leader", "follower"])
 async def test_kill_one_node_loses_nothing(cluster, chaos_report, role):
+    # The drill starts on a serving platform: the previous drill's node has just been restarted. How long
+    # that took is in the report's notes (a platform that refused requests after a node rejoined once
+    # made this drill fail before its fault).
+    ready_s = await seconds_until_serving(cluster, time.monotonic())
     node = await _node(cluster, role)
 
     async def kill(_load) -> None:
         await cluster.kill(node)
 
     report, logs = await run_drill(cluster, f"3-node cluster: SIGKILL the work queue's {role} ({node})", breaks=kill)
+    report.notes += f"; serving {ready_s} s after the previous drill's repair"
     await cluster.restart_broker()  # back for the next drill
     chaos_report.append(report)
     assert report.lost == 0 and report.answered_twice == 0 and report.wrong_adapter == 0, report

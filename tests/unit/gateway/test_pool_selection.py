@@ -108,3 +108,65 @@ async def test_a_blind_view_holds_its_workers_and_gives_them_a_window_to_beat_ag
     beats["a"] = beat("a", "p", ts=119.0)
     await view.refresh()
     assert gone == [{"b"}] and set(view.live) == {"a"}
+
+
+async def test_a_replica_that_has_not_caught_up_does_not_empty_the_pool():
+    """Listed by the stream's leader, then 'not found' by a direct get answered by a replica still
+    catching up (a cluster node just restarted): the worker keeps its last beat; only a delete marker
+    (a drain) removes it at once."""
+    from types import SimpleNamespace
+
+    from nats.js.errors import KeyNotFoundError
+
+    from services.gateway.pool_view import PoolView
+
+    clock = {"now": 100.0}
+    gone: list[set[str]] = []
+    view = PoolView(None, staleness_s=3.0, clock=lambda: clock["now"], on_dead=gone.append)
+    answers = {"a": beat("a", "p", ts=100.0), "b": beat("b", "p", ts=100.0)}
+
+    async def get(key):
+        answer = answers[key]
+        if isinstance(answer, Exception):
+            raise answer
+        return SimpleNamespace(value=answer.model_dump_json().encode())
+
+    async def keys():
+        return sorted(answers)
+
+    view._kv, view._keys = SimpleNamespace(get=get), keys
+    await view.refresh()
+    assert set(view.live) == {"a", "b"}
+    clock["now"] = 101.0
+    answers["a"] = KeyNotFoundError()  # the lagging replica
+    answers["b"] = KeyNotFoundError(None, "DEL")  # "b" drained and deleted its key
+    await view.refresh()
+    assert set(view.live) == {"a"} and gone == [{"b"}]
+    clock["now"] = 104.0  # "a" stays unreadable past the staleness window: it is gone after all
+    await view.refresh()
+    assert gone == [{"b"}, {"a"}]
+
+
+async def test_a_bucket_that_lost_its_keys_does_not_empty_the_pool():
+    """A cluster node that led the memory bucket rejoined empty: the listing has no keys while every
+    beat is still fresh. The workers stay until their beats go stale; they beat again in time."""
+    from services.gateway.pool_view import PoolView
+
+    clock = {"now": 100.0}
+    gone: list[set[str]] = []
+    view = PoolView(None, staleness_s=3.0, clock=lambda: clock["now"], on_dead=gone.append)
+    listed = {"a": beat("a", "p", ts=100.0), "b": beat("b", "p", ts=100.0)}
+
+    async def read():
+        return dict(listed)
+
+    view._read = read
+    await view.refresh()
+    listed.clear()  # the bucket came back empty
+    clock["now"] = 101.0
+    await view.refresh()
+    assert set(view.live) == {"a", "b"} and gone == []
+    listed["a"] = beat("a", "p", ts=101.5)  # "a" beats again into the new leader; "b" never does
+    clock["now"] = 103.5
+    await view.refresh()
+    assert set(view.live) == {"a"} and gone == [{"b"}]
