@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from libs.contracts.messages import DatasetRef
 
-CheckName = Literal["integrity", "structure", "load", "eval", "regression", "parity"]
+CheckName = Literal["integrity", "structure", "load", "eval", "regression", "parity", "value"]
 CHECK_ORDER: tuple[str, ...] = ("integrity", "structure", "load", "eval", "regression", "parity", "value")
 
 

@@ -93,3 +93,14 @@ def test_an_adapter_below_the_minimum_lift_is_refused_with_the_reason():
     assert not passed and "below the minimum lift +0.25" in detail and "prompting the base model does as well" in detail
     passed, _ = criteria.value_verdict(criteria.lift_of(_version_score(1, 4, 4), base, 0.25), base)
     assert passed  # +0.50
+
+
+def test_every_check_in_the_order_can_be_recorded():
+    """The report's check names and the order the gate runs them in are one list (a check missing from
+    the names failed every evaluation at its end)."""
+    from typing import get_args
+
+    from libs.contracts.reports import CHECK_ORDER, CheckName, CheckResult
+
+    assert set(get_args(CheckName)) == set(CHECK_ORDER)
+    assert [CheckResult(name=n, status="skipped").name for n in CHECK_ORDER] == list(CHECK_ORDER)
