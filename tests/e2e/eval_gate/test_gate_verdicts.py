@@ -64,6 +64,7 @@ async def test_random_weights_fail_and_stay_inactive(gate_registry, gate, base_m
         "eval": "failed",
         "regression": "skipped",
         "parity": "skipped",
+        "value": "skipped",
     }
     refused = await gate_registry.client.get(f"/v1/resolve/{tenant}/support")
     assert refused.status_code == 409, refused.text
