@@ -38,8 +38,13 @@ def _pids(state_dir: Path) -> dict[str, int]:
 
 
 def _grpc_sockets(state_dir: Path) -> list[Path]:
+    """The unix sockets this stack's weed made, by kind and that kind's port. Matching any of the stack's
+    ports would also catch another (killed) stack's socket whose port happens to equal one of ours."""
     ports = json.loads((state_dir / "stack.json").read_text())["ports"]
-    return [p for p in Path("/tmp").glob("seaweedfs-*-grpc-*.sock") if int(p.stem.rsplit("-", 1)[1]) in ports.values()]
+    mine = {"master": "s3_master_grpc", "volume": "s3_volume_grpc", "filer": "s3_filer_grpc", "s3": "s3_grpc"}
+    mine["admin"] = "s3_admin_grpc"
+    paths = [Path(f"/tmp/seaweedfs-{kind}-grpc-{ports[name]}.sock") for kind, name in mine.items()]
+    return [path for path in paths if path.exists()]
 
 
 def _alive(pids) -> list[int]:
@@ -64,6 +69,7 @@ def test_up_status_down_leaves_no_process_and_no_stray_file(state_dir):
     assert up.returncode == 0, up.stderr
     pids = _pids(state_dir)
     assert set(pids) == {"nats", "postgres", "s3"} and len(_alive(pids.values())) == 3
+    assert _grpc_sockets(state_dir), "weed made no grpc socket: the stray-file check below would prove nothing"
 
     status = subprocess.run([*LPX, "stack", "status"], env=env, capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and status.stdout.count("healthy") == 3, status.stdout
