@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -159,8 +159,11 @@ class Dispatcher:
         self.nc, self.js = nc, js
         # Once a pool is full, requests wait per tenant and go on by fair share (None: FIFO into the pool).
         self.fair = None
+        self.tenant_loads: dict[str, Counter[str]] = defaultdict(Counter)  # pool -> tenant -> in flight here
         if fair_headroom:
-            self.fair = FairQueue(self.pool_room, headroom=fair_headroom, batch_reserve=batch_reserve)
+            self.fair = FairQueue(
+                self.pool_room, headroom=fair_headroom, batch_reserve=batch_reserve, held=self.tenant_loads.__getitem__
+            )
         # Interactive requests the pool cannot finish before their deadline are refused at once (None: never).
         self.overload = overload
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
@@ -389,6 +392,7 @@ class Dispatcher:
         self.loads[job.worker] += 1
         self.fleet.sent(job.worker)
         self.adapter_loads[job.pool][job.token] += 1
+        self.tenant_loads[job.pool][job.request.tenant_id] += 1
         self.metrics.in_flight.add(1)
 
     def _release(self, job: Job) -> None:
@@ -399,6 +403,10 @@ class Dispatcher:
         per_pool[job.token] -= 1
         if per_pool[job.token] <= 0:
             del per_pool[job.token]
+        per_tenant = self.tenant_loads[job.pool]
+        per_tenant[job.request.tenant_id] -= 1
+        if per_tenant[job.request.tenant_id] <= 0:
+            del per_tenant[job.request.tenant_id]
         self.metrics.in_flight.add(-1)
         if self.fair is not None:
             self.fair.kick(job.pool)  # a place is free: the next tenant in turn goes

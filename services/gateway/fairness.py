@@ -20,7 +20,7 @@ import asyncio
 import math
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from services.gateway import errors
@@ -61,6 +61,7 @@ class FairQueue:
         batch_reserve: float = 0.0,
         weight_of: Callable[[str], float] | None = None,
         on_wait: Callable[[str, str, float], None] | None = None,
+        held: Callable[[str], Mapping[str, int]] | None = None,
     ) -> None:
         """`room(pool)` -> (load, capacity) of the pool now. Interactive work may fill a pool up to
         `headroom` x its capacity; batch work only up to its capacity less `batch_reserve` of it, so a
@@ -70,6 +71,11 @@ class FairQueue:
         self.batch_reserve = batch_reserve
         self.weight_of = weight_of or (lambda tenant: 1.0)
         self.on_wait = on_wait or (lambda tenant, tier, waited: None)
+        # pool -> tenant -> requests in flight there (this replica's): an interactive tenant holding
+        # less than its weighted share of the pool's capacity goes on even when the pool is full, so a
+        # flood that filled the pool first does not make a calm tenant wait for its generations to end.
+        # None: no such shortcut (every tenant waits its turn once the pool is full).
+        self._held = held
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
 
     # --- what the dispatcher calls -------------------------------------------------------------------
@@ -79,7 +85,7 @@ class FairQueue:
         state = self._pools[pool]
         # Interactive work queues only behind interactive work; batch work behind anything waiting.
         nobody_ahead = not self._tier_waiting(state, INTERACTIVE) and (tier == INTERACTIVE or not self.waiting(pool))
-        if nobody_ahead and self._has_room(pool, state, tier):
+        if (nobody_ahead and self._has_room(pool, state, tier)) or self._below_share(pool, state, tenant, tier):
             state.granted += 1
             return False
         waiter = _Waiter(asyncio.get_running_loop().create_future(), time.monotonic())
@@ -177,6 +183,20 @@ class FairQueue:
             return True  # no live worker known: the dispatcher answers 503 at once
         limit = capacity * self.headroom if tier == INTERACTIVE else self.batch_limit(capacity)
         return load + state.granted < limit
+
+    def _below_share(self, pool: str, state: _Pool, tenant: str, tier: str) -> bool:
+        """An interactive tenant with nothing waiting that holds less than its weighted share of the
+        pool's capacity (among the tenants holding or waiting there); never past twice the headroom."""
+        if self._held is None or tier != INTERACTIVE or state.waiting[tier].get(tenant):
+            return False
+        load, capacity = self._room(pool)
+        if capacity <= 0 or load + state.granted >= 2 * capacity * self.headroom:
+            return False
+        held = self._held(pool)
+        waiting = {t for queues in state.waiting.values() for t, q in queues.items() if q}
+        tenants = {t for t, n in held.items() if n > 0} | waiting | {tenant}
+        share = capacity * self.weight_of(tenant) / sum(self.weight_of(t) for t in tenants)
+        return held.get(tenant, 0) < max(1, math.floor(share))
 
     @staticmethod
     def _tier_waiting(state: _Pool, tier: str) -> bool:

@@ -22,6 +22,7 @@ from libs.engine import EngineConfig, create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
 from services.worker.admission import AdapterAdmission
+from services.worker.batch_share import batch_share_for
 from services.worker.disk_cache import DiskCache
 from services.worker.engine_admission import EngineAdmission
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
@@ -79,8 +80,10 @@ class Worker:
             max_loras=settings.max_loras,
             max_cpu_loras=settings.max_cpu_loras,
         )
-        self.capacity = Capacity(settings.capacity)
         self.admission = _admission(settings)
+        self.batch_share = batch_share_for(settings, getattr(self.engine, "device", "cpu"))
+        # With a batch share the worker pulls what its engine could hold and the share picks who runs.
+        self.capacity = Capacity(self.batch_share.most if self.batch_share else settings.capacity)
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.handed_off = 0
@@ -134,6 +137,7 @@ class Worker:
             metrics=self.metrics,
             ack_wait_s=s.ack_wait_s,
             admission=self.admission,
+            batch_share=self.batch_share,
         )
         self.own = await self._consumer(
             subjects.infer_worker_filter(s.pool, self.worker_id), subjects.worker_durable(s.pool, self.worker_id)

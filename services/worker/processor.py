@@ -35,6 +35,7 @@ from libs.messaging import dead_letter, kept_in_progress
 from libs.recent_ids import RecentIds
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
+from services.worker.batch_share import BatchShare
 from services.worker.engine_admission import EngineAdmission, Ticket
 from services.worker.metrics import WorkerMetrics
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
@@ -74,9 +75,11 @@ class RequestProcessor:
         metrics: WorkerMetrics,
         ack_wait_s: float,
         admission: AdapterAdmission | EngineAdmission | None = None,
+        batch_share: BatchShare | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.admission = admission  # None: every request goes to the engine at once, unguarded
+        self.batch_share = batch_share  # None: no per-tenant share of the batch
         self.nc, self.js = nc, js
         self.engine = engine
         self.tiers = tiers
@@ -137,8 +140,13 @@ class RequestProcessor:
         try:
             # Long generations must not be redelivered to someone else: JetStream hears we are on it,
             # through slot waits and generation alike.
-            async with kept_in_progress(msg, self.ack_wait_s), self._admitted(lease) as ticket:
-                timings["admission_wait_s"] = ticket.waited
+            waiting_since = time.monotonic()
+            async with (
+                kept_in_progress(msg, self.ack_wait_s),
+                self._shared(request.tenant_id),
+                self._admitted(lease) as ticket,
+            ):
+                timings["admission_wait_s"] = time.monotonic() - waiting_since  # batch share and slot
                 outcome = await self._generate(request, lease, ticket.started)
         except RequestRejected as exc:  # the request asked for something the engine cannot do
             log.info("engine refused a request", extra={"request_id": request.request_id, "reason": str(exc)})
@@ -170,6 +178,10 @@ class RequestProcessor:
             logprobs=outcome.logprobs,
             timings=Timings(**timings, **timeline, ttft_s=outcome.ttft_s, total_s=time.monotonic() - started),
         )
+
+    def _shared(self, tenant: str):
+        """A place in the batch by the tenant's share (at once without a batch share)."""
+        return self.batch_share.slot(tenant) if self.batch_share is not None else contextlib.nullcontext()
 
     @contextlib.asynccontextmanager
     async def _admitted(self, lease: AdapterLease | None):

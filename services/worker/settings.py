@@ -51,6 +51,14 @@ class WorkerSettings(ServiceSettings):
     # 2 CPU cores vLLM's own queueing reaches 3-4 s, and a tighter bound held requests that were not
     # starving (0.88x vllm serve's throughput at 2 s in benchmarks/bench_vs_vllm.py).
     max_adapter_wait_s: float = Field(10.0, gt=0)
+    # Fair batch share (services/worker/batch_share.py): a tenant below its share of `capacity` starts at
+    # once, and while one has work the batch drains to the size whose decode step is within
+    # `latency_bound` x the solo step, as the engine profile measured it (`latency_profile`; default: the
+    # shipped profile of the base model; none or a bad one: no drain, shares only). The worker then pulls
+    # up to `max_num_seqs` requests (a calm tenant's request must not wait in JetStream behind the flood).
+    latency_guard: bool = True
+    latency_bound: float = Field(1.5, gt=1.0)
+    latency_profile: Path | None = None
     # Local disk tier: content-addressed by digest, LRU bounded in bytes.
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 2 * 1024**3

@@ -217,3 +217,32 @@ async def test_the_gauges_show_a_waiting_tenant_and_its_oldest_wait():
     assert points[("lpx_gateway_fair_share", "starved")] == 1.0
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_tenant_below_its_share_goes_on_through_a_pool_the_flood_filled():
+    pool = Pool(capacity=4)
+    held = {"p": {"flood": 5}}  # the flood holds the whole pool (and its headroom)
+    fair = FairQueue(pool.room, headroom=1.25, held=held.__getitem__)
+    pool.load = 5
+    flood_waits = asyncio.create_task(fair.acquire("p", "flood", INTERACTIVE, None))
+    await asyncio.sleep(0.01)
+    assert not flood_waits.done()  # over its share: it waits for a freed place
+    assert await asyncio.wait_for(fair.acquire("p", "calm", INTERACTIVE, None), 0.1) is False  # at once
+    held["p"]["calm"] = 2
+    fair.dispatched("p")
+    pool.load = 7
+    calm_again = asyncio.create_task(fair.acquire("p", "calm", INTERACTIVE, None))
+    await asyncio.sleep(0.01)
+    assert not calm_again.done()  # at its share (4 // 2 tenants): it waits its turn like everyone
+    assert not await _acquired(fair, "batchy", BATCH)  # batch work never takes the shortcut
+    for task in (flood_waits, calm_again):
+        task.cancel()
+    await asyncio.gather(flood_waits, calm_again, return_exceptions=True)
+
+
+async def _acquired(fair: FairQueue, tenant: str, tier: str) -> bool:
+    try:
+        await asyncio.wait_for(fair.acquire("p", tenant, tier, None), 0.05)
+    except TimeoutError:
+        return False
+    return True
