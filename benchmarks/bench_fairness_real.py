@@ -11,7 +11,9 @@ the flooder sends `--flood` chat requests at once, the calm tenant `--calm` requ
 
 Reported: the calm tenant's latency and TTFT p50/p95 and their ratio to alone, the flood's tokens/s
 and the total tokens/s against FIFO, and whether every answer came from its tenant's adapter (each
-answer is compared with that tenant's answer to the same prompt asked alone). JSON in --out.
+answer is compared with that tenant's answer to the same prompt asked alone). With --compare-sim the
+three runs are repeated on the simulated engine following the shipped engine profile, and its figures
+are printed as ratios to the real engine's. JSON in --out.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import httpx
 from benchmarks.bench_gateway import free_port, wait_ready
 from benchmarks.bench_vs_vllm import one, start_worker, stop, wait_gone
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from libs.engine.profile import default_profile_path
 from libs.models.bootstrap import fetch
 from libs.settings import ConnectionSettings
 from libs.stack import Stack, StackConfig
@@ -184,16 +187,27 @@ class Platform:
         return refs
 
 
-async def main_async(args) -> dict:
+SIM = {"LPX_WORKER_ENGINE": "sim", "LPX_WORKER_SIM_PROFILE": str(default_profile_path(BASE))}
+
+
+async def measure(platform: Platform, args, engine_env: dict) -> dict:
     results = {}
+    for name, flooding, gateway_env, worker_env in RUNS:
+        await platform.configure(gateway_env, {**worker_env, **engine_env})
+        refs = await platform.references()
+        results[name] = summary(await traffic(platform.url, platform.keys, args, flooding), refs)
+        calm = results[name][CALM]
+        print(f"  measured: {name}{' (sim)' if engine_env else ''}: calm p50 {calm['p50_s']:.2f}s", flush=True)
+    return results
+
+
+async def main_async(args) -> dict:
     async with Platform(args) as platform:
-        for name, flooding, gateway_env, worker_env in RUNS:
-            await platform.configure(gateway_env, worker_env)
-            refs = await platform.references()
-            results[name] = summary(await traffic(platform.url, platform.keys, args, flooding), refs)
-            calm = results[name][CALM]
-            print(f"  measured: {name}: calm p50 {calm['p50_s']:.2f}s", flush=True)
-    return {"config": {k: str(v) for k, v in vars(args).items()}, "results": results}
+        report = {"config": {k: str(v) for k, v in vars(args).items()}}
+        report["results"] = await measure(platform, args, {})
+        if args.compare_sim:
+            report["sim"] = await measure(platform, args, SIM)
+    return report
 
 
 def render(report: dict, out: Path) -> None:
@@ -223,9 +237,28 @@ def render(report: dict, out: Path) -> None:
         ]
         widths = [10, 9, 10, 9, 10, 9, 13, 8, 11, 8, 15]
         print(f"{name:16}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True)))
+    if "sim" in report:
+        render_sim(r, report["sim"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "fairness_real.json").write_text(json.dumps(report, indent=2))
     print(f"JSON: {out / 'fairness_real.json'}")
+
+
+def render_sim(real: dict, sim: dict) -> None:
+    """The simulated engine (following the shipped profile) against the real one, run by run."""
+    print(f"\nsimulated engine / real engine ({default_profile_path(BASE).name}); target within 20%:")
+    print(f"{'':16}{'calm p50':>10}{'flood tok/s':>13}{'all tok/s':>11}")
+    for name in real:
+        r, s = real[name], sim[name]
+        cells = [
+            s[CALM]["p50_s"] / r[CALM]["p50_s"],
+            s[FLOOD]["tok_per_s"] / r[FLOOD]["tok_per_s"] if r[FLOOD]["tok_per_s"] else None,
+            s["total_tok_per_s"] / r["total_tok_per_s"],
+        ]
+        print(
+            f"{name:16}"
+            + "".join(f"{c:>{w}.2f}" if c else f"{'-':>{w}}" for c, w in zip(cells, (10, 13, 11), strict=True))
+        )
 
 
 def main() -> int:
@@ -235,6 +268,7 @@ def main() -> int:
     parser.add_argument("--calm", type=int, default=12, help="calm requests")
     parser.add_argument("--calm-every", type=float, default=1.0, help="seconds between calm requests")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens per request")
+    parser.add_argument("--compare-sim", action="store_true", help="run it again on the simulated engine")
     args = parser.parse_args()
     render(asyncio.run(main_async(args)), args.out)
     return 0

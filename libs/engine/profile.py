@@ -67,7 +67,7 @@ class EngineProfile(BaseModel):
     def batch_within(self, bound: float, most: int) -> int:
         """The most running sequences (<= `most`) whose step time is within `bound` x the solo one;
         at least 1 (one sequence always runs, even when the bound cannot be met)."""
-        limit = bound * self.solo_step_s
+        limit = bound * self.solo_step_s * (1 + 1e-9)  # a step exactly at the bound is within it
         fits = [n for n in range(1, most + 1) if self.step_s(n) <= limit]
         return max(fits, default=1)
 

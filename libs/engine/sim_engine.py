@@ -4,7 +4,9 @@ It runs behind the same worker code as vLLM (tiers, downloads, digest checks, he
 answers in simulated time instead of running a model:
 
 - prefill at `prefill_tok_s` prompt tokens per second, then one token every 1/`decode_tok_s` seconds
-  per sequence, at most `max_num_seqs` sequences at once;
+  per sequence, or, with a measured profile (`decode_step_s`, benchmarks/calibrate_engine.py), one
+  token per step whose time grows with the sequences running, as on the real engine; at most
+  `max_num_seqs` sequences at once;
 - `max_loras` adapter slots: a sequence whose adapter holds no slot waits for one (vLLM's scheduler
   does the same), and taking a slot costs the host-to-GPU copy of the adapter's bytes
   (planner input `host_to_gpu_gb_s`);
@@ -35,6 +37,7 @@ from libs.engine.base import (
     RequestRejected,
     TokenLogprobs,
 )
+from libs.engine.profile import EngineProfile
 from libs.planner.inputs import GB, PlanInputs
 
 _PLANNER = PlanInputs()
@@ -48,6 +51,14 @@ class SimProfile(BaseModel):
     host_to_gpu_gb_s: float = Field(_PLANNER.host_to_gpu_gb_s, gt=0)
     nvme_gb_s: float = Field(_PLANNER.nvme_gb_s, gt=0)
     chars_per_token: float = Field(4.0, gt=0)
+    # A measured cost model (libs/engine/profile.py): decode step time against running sequences, so a
+    # full batch slows every sequence in it as on the real engine. None: `decode_tok_s` whatever the batch.
+    decode_step_s: dict[int, float] | None = None
+
+    def step_s(self, running: int) -> float:
+        if self.decode_step_s is None:
+            return 1.0 / self.decode_tok_s
+        return EngineProfile(base_model="sim", decode_step_s=self.decode_step_s, prefill_tok_s=1.0).step_s(running)
 
 
 def simulated_text(digest: str | None, max_tokens: int) -> list[str]:
@@ -70,6 +81,7 @@ class SimEngine:
         self._slot_free = asyncio.Condition()
         self._started = False
         self.slot_loads = 0
+        self.running = 0  # sequences in the batch now (what a profiled step time depends on)
         self.host_loads = 0
 
     async def start(self) -> None:
@@ -89,11 +101,11 @@ class SimEngine:
         prompt = request.prompt or "".join(m.get("content", "") for m in request.messages or [])
         prompt_tokens = max(1, int(len(prompt) / self.profile.chars_per_token))
         pieces = simulated_text(request.adapter.digest if request.adapter else None, request.max_tokens)
-        async with self._seqs, self._slot(request.adapter):
+        async with self._seqs, self._slot(request.adapter), self._decoding():
             await asyncio.sleep(prompt_tokens / self.profile.prefill_tok_s)
             for i, piece in enumerate(pieces):
                 if i:
-                    await asyncio.sleep(1.0 / self.profile.decode_tok_s)
+                    await asyncio.sleep(self.profile.step_s(self.running))
                 last = i == len(pieces) - 1
                 # The simulated text is certain: each piece has log-probability 0 and no alternative.
                 logprobs = [TokenLogprobs(piece, 0.0, ((piece, 0.0),))] if request.logprobs is not None else None
@@ -106,6 +118,14 @@ class SimEngine:
                     completion_tokens=i + 1,
                     logprobs=logprobs,
                 )
+
+    @contextlib.asynccontextmanager
+    async def _decoding(self):
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
 
     @contextlib.asynccontextmanager
     async def _slot(self, adapter: AdapterSpec | None):

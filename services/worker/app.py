@@ -18,13 +18,12 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from libs.broker import BrokerLink, ConnectionState, is_transient
 from libs.contracts import PrewarmCommand, WorkerLoad, subjects
-from libs.engine import EngineConfig, create_engine
+from libs.engine import create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
-from services.worker.admission import AdapterAdmission
 from services.worker.batch_share import batch_share_for
 from services.worker.disk_cache import DiskCache
-from services.worker.engine_admission import EngineAdmission
+from services.worker.engine_setup import admission_for, engine_config
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
 from services.worker.processor import RequestProcessor
@@ -70,7 +69,7 @@ class Worker:
             "worker", metrics_port=settings.metrics_port, metrics_host=settings.metrics_host, set_global=False
         )
         self.metrics = WorkerMetrics.create(self.telemetry.meter())
-        self.engine = engine or create_engine(self._engine_config())
+        self.engine = engine or create_engine(engine_config(settings))
         self.store = ObjectStore(settings.connections)
         self.tiers = AdapterTiers(
             DiskCache(settings.resolved_disk_cache_dir(), settings.disk_cache_bytes, self.store),
@@ -80,7 +79,7 @@ class Worker:
             max_loras=settings.max_loras,
             max_cpu_loras=settings.max_cpu_loras,
         )
-        self.admission = _admission(settings)
+        self.admission = admission_for(settings)
         self.batch_share = batch_share_for(settings, getattr(self.engine, "device", "cpu"))
         # With a batch share the worker pulls what its engine could hold and the share picks who runs.
         self.capacity = Capacity(self.batch_share.most if self.batch_share else settings.capacity)
@@ -92,23 +91,6 @@ class Worker:
         self._loops: list[asyncio.Task] = []
         self._token_window: list[tuple[float, int]] = []
         register_queue_gauges(self.telemetry.meter(), self)
-
-    def _engine_config(self) -> EngineConfig:
-        s = self.settings
-        sim = {"prefill_tok_s": s.sim_prefill_tok_s, "decode_tok_s": s.sim_decode_tok_s}
-        return EngineConfig(
-            model_path=s.resolved_model_path(),
-            engine=s.engine,
-            sim=sim,
-            served_model_name=s.base_model,
-            device=s.device,
-            max_loras=s.max_loras,
-            max_cpu_loras=s.max_cpu_loras,
-            max_lora_rank=s.max_lora_rank,
-            max_num_seqs=s.max_num_seqs,
-            max_model_len=s.max_model_len,
-            cpu_kvcache_gib=s.cpu_kvcache_gib,
-        )
 
     @property
     def in_flight(self) -> int:
@@ -334,14 +316,6 @@ async def _fetch_arrived(sub, room: int, timeout_s: float) -> list:
         with contextlib.suppress(TimeoutError, NatsTimeout):
             msgs += await sub.fetch(batch=room - 1, timeout=FOLLOW_UP_S)
     return msgs
-
-
-def _admission(settings: WorkerSettings) -> AdapterAdmission | EngineAdmission | None:
-    if settings.admission == "engine":
-        return EngineAdmission(settings.max_adapter_wait_s)
-    if settings.admission == "grouped":
-        return AdapterAdmission(settings.max_loras, settings.max_adapter_wait_s)
-    return None
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> bool:

@@ -136,7 +136,7 @@ def batch_share_for(settings, device: str) -> BatchShare | None:
     if not settings.latency_guard:
         return None
     limit, most = settings.capacity, max(settings.max_num_seqs, settings.capacity)
-    profile = load_profile(settings.latency_profile, settings.base_model, device)
+    profile = _profile(settings, device)
     if profile is None:
         return BatchShare(limit, limit, most)
     protected = profile.batch_within(settings.latency_bound, limit)
@@ -152,3 +152,13 @@ def batch_share_for(settings, device: str) -> BatchShare | None:
         profile.commit,
     )
     return BatchShare(limit, protected, most)
+
+
+def _profile(settings, device: str):
+    """The engine's cost model: the configured one, else for the simulated engine the one it follows
+    (none: a fixed-rate simulation has no batch cost), else the shipped one of the base model."""
+    if settings.latency_profile is not None:
+        return load_profile(settings.latency_profile, settings.base_model)
+    if settings.engine == "sim":
+        return load_profile(settings.sim_profile, settings.base_model) if settings.sim_profile else None
+    return load_profile(None, settings.base_model, device)

@@ -32,6 +32,9 @@ class WorkerSettings(ServiceSettings):
     engine: Literal["vllm", "sim"] = "vllm"
     sim_prefill_tok_s: float = Field(4000.0, gt=0)
     sim_decode_tok_s: float = Field(50.0, gt=0, description="per sequence")
+    # A measured engine profile for the simulated engine to follow (step time against batch size,
+    # prefill rate) instead of the two rates above: libs/engine/profiles/<base>-cpu.json for the demo model.
+    sim_profile: Path | None = None
     # Engine tiers (vLLM): adapters batched at once, and adapters kept in host RAM.
     max_loras: int = 4
     max_cpu_loras: int = 16
