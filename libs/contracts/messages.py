@@ -260,6 +260,10 @@ class WorkerHeartbeat(Message):
     max_loras: int = 0  # engine adapter slots: the most adapters in the GPU tier at once
     max_cpu_loras: int = 0  # adapters the engine keeps in host RAM (the CPU tier)
     generated_tokens: int = 0  # completion tokens since this instance started (tok/s: delta between beats)
+    # The batch share (0: none): sequences running, and the batch tenants over their share may fill now
+    # (`capacity`, or the drained size derived from the engine profile while a tenant below its share has work).
+    batch_running: int = 0
+    batch_limit: int = 0
     tier_hits: dict[AdapterTier, int] = Field(default_factory=dict)  # requests per tier their adapter was found at
     # The worker's hottest adapters now -> requests for each since the worker started (rates: delta between beats).
     adapter_requests: dict[str, int] = Field(default_factory=dict)

@@ -54,6 +54,8 @@ class WorkerRow:
     generated_tokens: int
     tok_s: float | None
     tier_hits: dict[str, int]
+    batch_running: int  # running in the engine's batch / what over-share tenants may fill now (0: no share)
+    batch_limit: int
     hit_rates: dict[str, float]  # share of the worker's adapter requests found at each tier
 
 
@@ -180,6 +182,8 @@ def worker_row(pair: BeatPair, now: float) -> WorkerRow:
         disk_adapters=resident_count(beat, AdapterTier.DISK),
         generated_tokens=beat.generated_tokens,
         tok_s=pair.rate(lambda b: b.generated_tokens),
+        batch_running=beat.batch_running,
+        batch_limit=beat.batch_limit,
         tier_hits=hits,
         hit_rates={tier: n / total for tier, n in hits.items()} if total else {},
     )

@@ -114,6 +114,8 @@ class Heartbeater:
             max_loras=s.max_loras,
             max_cpu_loras=s.max_cpu_loras,
             generated_tokens=processor.generated_tokens if processor is not None else 0,
+            batch_running=w.batch_share.total if w.batch_share is not None else 0,
+            batch_limit=w.batch_share.current_limit() if w.batch_share is not None else 0,
             tier_hits=dict(w.metrics.found_at),
             adapter_requests=dict(w.tiers.hotness.top(HOT_ADAPTERS_IN_BEAT)),
             adapter_since=self.tenure.update(listed, time.time()),

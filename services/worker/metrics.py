@@ -80,6 +80,16 @@ def register_queue_gauges(meter: metrics.Meter, worker) -> None:
     gauge("lpx_worker_queue_depth", lambda: worker.queue_depth, "messages waiting")
     if worker.admission is not None:
         _register_admission(meter, worker, labels)
+    if worker.batch_share is not None:
+        share = worker.batch_share
+        gauge("lpx_worker_batch_running", lambda: share.total, "sequences the batch share lets run now")
+        gauge("lpx_worker_batch_waiting", lambda: share.waiting, "requests held for a place in the batch")
+        gauge("lpx_worker_batch_limit", share.current_limit, "batch size tenants over their share may fill now")
+        gauge(
+            "lpx_worker_batch_protected_limit",
+            lambda: share.protected_limit,
+            "batch size while a tenant below its share has work (derived from the engine profile)",
+        )
     gauge("lpx_worker_disk_cache_bytes", lambda: worker.tiers.disk.stats.bytes, "disk tier size")
     gauge("lpx_worker_tokens_per_second", worker.tokens_per_s, "recent tok/s")
     _register_adapters(meter, worker, labels)

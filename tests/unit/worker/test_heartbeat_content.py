@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from opentelemetry.sdk.metrics import MeterProvider
 
 from libs.contracts import AdapterTier, WorkerHeartbeat
+from services.worker.batch_share import BatchShare
 from services.worker.heartbeat import DISK_DIGESTS_IN_BEAT, Heartbeater, TierTenure
 from services.worker.hotness import AdapterHotness
 from services.worker.metrics import WorkerMetrics
@@ -52,6 +53,7 @@ def beating(tiers: FakeTiers, metrics=None, **settings) -> Heartbeater:
         own_pending=0,
         tiers=tiers,
         metrics=metrics or WorkerMetrics.create(MeterProvider().get_meter("test")),
+        batch_share=None,
     )
     heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
     heartbeater.kv = FakeKV()
@@ -78,7 +80,9 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
         tiers=tiers,
         metrics=metrics,
         processor=SimpleNamespace(generated_tokens=1234),
+        batch_share=BatchShare(limit=8, protected_limit=5, most=16),
     )
+    worker.batch_share.running.update({"flood": 8, "calm": 1})  # a tenant below its share has work
     heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
     heartbeater.kv = FakeKV()
 
@@ -88,6 +92,7 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
     assert first.tier_hits == {GPU: 3, CPU: 1, AdapterTier.OBJECT_STORE: 1}
     assert first.adapter_requests == {A: 3, B: 1}
     assert first.adapter_since == {A: 100.0, B: 100.0, C: 100.0}
+    assert (first.batch_running, first.batch_limit) == (9, 5)
 
     tiers.tiers = {GPU: [A], CPU: [], DISK: [B, C]}  # B left the engine's host cache
     await heartbeater.beat()
@@ -98,7 +103,8 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
 async def test_a_beat_before_the_worker_consumes_counts_no_tokens():
     heartbeater = beating(FakeTiers())
     await heartbeater.beat()
-    assert WorkerHeartbeat.model_validate_json(heartbeater.kv.values["w"]).generated_tokens == 0
+    beat = WorkerHeartbeat.model_validate_json(heartbeater.kv.values["w"])
+    assert beat.generated_tokens == 0 and (beat.batch_running, beat.batch_limit) == (0, 0)  # no batch share
 
 
 async def test_a_worker_with_thousands_of_adapters_on_disk_beats_in_a_bounded_message():

@@ -10,6 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from libs.contracts import AdapterTier
 from libs.engine import lora_int_id
+from services.worker.batch_share import BatchShare
 from services.worker.disk_cache import DiskCache
 from services.worker.hotness import AdapterHotness
 from services.worker.metrics import HOT_ADAPTERS, register_queue_gauges
@@ -76,6 +77,7 @@ async def test_worker_exports_its_pool_evictions_and_hottest_adapters(tmp_path):
         settings=SimpleNamespace(pool="p", base_model="b", engine="sim"),
         queue_depth=3,
         admission=None,
+        batch_share=BatchShare(limit=16, protected_limit=9, most=32),
         tiers=tiers,
         tokens_per_s=lambda: 7.0,
     )
@@ -90,6 +92,7 @@ async def test_worker_exports_its_pool_evictions_and_hottest_adapters(tmp_path):
     who = (("pool", "p"), ("worker", "w-1"))
     assert points[("lpx_worker_info", (("base_model", "b"), ("engine", "sim"), *who))] == 1
     assert points[("lpx_worker_queue_depth", who)] == 3
+    assert points[("lpx_worker_batch_limit", who)] == 16 and points[("lpx_worker_batch_protected_limit", who)] == 9
     evictions = {
         dict(attrs)["tier"]: v for (name, attrs), v in points.items() if name == "lpx_worker_adapter_evictions"
     }
