@@ -27,7 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx
 
-from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants
+from benchmarks.registry_inproc import capacity_rps as pool_capacity_rps
+from benchmarks.registry_inproc import sim_pool_parser, sim_profile, stack_with_tenants
 from libs.fleet import Fleet, FleetSpec
 
 BASE = "smollm2-135m"
@@ -68,14 +69,19 @@ async def traffic(http, keys: dict[str, str], rates: dict[str, float], args) -> 
 
 
 async def run(stack, state: Path, keys: dict[str, str], args, name: str, fair: str, flooding: bool) -> dict:
-    spec = FleetSpec(pool=f"fair-{uuid.uuid4().hex[:6]}", capacity=args.capacity, decode_tok_s=args.decode_tok_s)
+    spec = FleetSpec(
+        pool=f"fair-{uuid.uuid4().hex[:6]}",
+        capacity=args.capacity,
+        decode_tok_s=args.decode_tok_s,
+        sim_profile=sim_profile(args),
+    )
     fleet = Fleet(env_file=stack.env_file, state=state / name.replace(" ", "-"), spec=spec)
     url = fleet.start_gateway(
         "gw-0", {"LPX_GATEWAY_FAIR_QUEUING": fair, "LPX_GATEWAY_REQUEST_TIMEOUT_S": str(args.deadline)}
     )
     for i in range(args.workers):
         fleet.start_worker(f"fair-{i}")
-    capacity_rps = args.workers * args.capacity * args.decode_tok_s / args.tokens
+    capacity_rps = pool_capacity_rps(args)
     rates = {t: args.steady_rps for t in STEADY} | {FLOOD: 10 * capacity_rps / 5 if flooding else 0.0}
     try:
         await fleet.wait_ready(args.workers)

@@ -163,7 +163,7 @@ class Platform:
                 "LPX_ENV_FILE": str(self.stack.env_file),
                 "LPX_GATEWAY_PORT": str(self.url_port),
                 "LPX_GATEWAY_HOST": "127.0.0.1",
-                "LPX_GATEWAY_LOG_LEVEL": "WARNING",
+                "LPX_GATEWAY_LOG_LEVEL": os.environ.get("LPX_GATEWAY_LOG_LEVEL", "WARNING"),
                 "LPX_GATEWAY_METRICS_PORT": str(self.metrics_port),
                 **gateway_env,
             }
@@ -268,7 +268,12 @@ def main() -> int:
     parser.add_argument("--calm", type=int, default=12, help="calm requests")
     parser.add_argument("--calm-every", type=float, default=1.0, help="seconds between calm requests")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens per request")
-    parser.add_argument("--compare-sim", action="store_true", help="run it again on the simulated engine")
+    parser.add_argument(
+        "--compare-sim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run it again on the simulated engine following the shipped profile, and compare",
+    )
     args = parser.parse_args()
     render(asyncio.run(main_async(args)), args.out)
     return 0

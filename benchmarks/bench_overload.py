@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 
 from benchmarks.registry_inproc import stack_with_tenants
+from libs.engine.profile import default_profile_path
 from libs.fleet import Fleet, FleetSpec
 
 BASE = "smollm2-135m"
@@ -46,7 +47,12 @@ async def one(http: httpx.AsyncClient, key: str, tokens: int) -> tuple[int, str,
 
 
 async def run_mode(stack, state: Path, key: str, args, mode: str) -> dict:
-    spec = FleetSpec(pool=f"overload-{uuid.uuid4().hex[:6]}", capacity=args.capacity, decode_tok_s=args.decode_tok_s)
+    spec = FleetSpec(
+        pool=f"overload-{uuid.uuid4().hex[:6]}",
+        capacity=args.capacity,
+        decode_tok_s=args.decode_tok_s,
+        sim_profile=None if args.sim_profile == "none" else Path(args.sim_profile),
+    )
     fleet = Fleet(env_file=stack.env_file, state=state / mode.replace(" ", "-"), spec=spec)
     url = fleet.start_gateway(
         "gw-0", {"LPX_GATEWAY_EARLY_REFUSAL": MODES[mode], "LPX_GATEWAY_REQUEST_TIMEOUT_S": str(args.deadline)}
@@ -98,9 +104,10 @@ async def main_async(args) -> dict:
 
 def render(report: dict, out: Path) -> None:
     cfg, results = report["config"], report["results"]
+    rate = f"{cfg['decode_tok_s']:g} tok/s" if cfg["sim_profile"] == "none" else Path(cfg["sim_profile"]).name
     print(
         f"\nburst of {cfg['burst']} chat requests, {cfg['workers']} simulated workers x {cfg['capacity']} sequences at "
-        f"{cfg['decode_tok_s']:g} tok/s, {cfg['tokens']} tokens each, {cfg['deadline']:g} s deadline"
+        f"{rate}, {cfg['tokens']} tokens each, {cfg['deadline']:g} s deadline"
     )
     rows = [
         ("answered", "answered", "{:.0f}"),
@@ -131,6 +138,11 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=400, help="requests arriving at once")
     parser.add_argument("--warmup", type=int, default=16, help="requests before the burst (the gateway measures)")
     parser.add_argument("--deadline", type=float, default=30.0, help="request deadline, seconds")
+    parser.add_argument(
+        "--sim-profile",
+        default=str(default_profile_path("smollm2-135m")),
+        help="engine profile the simulated workers follow ('none': a fixed --decode-tok-s per sequence)",
+    )
     args = parser.parse_args()
     render(asyncio.run(main_async(args)), args.out)
     return 0

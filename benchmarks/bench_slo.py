@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx
 
-from benchmarks.registry_inproc import sim_pool_parser, stack_with_tenants
+from benchmarks.registry_inproc import capacity_rps, sim_pool_parser, sim_profile, stack_with_tenants
 from libs.client import LoraplexClient
 from libs.contracts import subjects
 from libs.fleet import Fleet, FleetSpec
@@ -108,7 +108,12 @@ async def interactive_traffic(http, keys: dict[str, str], args, begin: float) ->
 
 
 async def run(stack, state: Path, keys: dict[str, str], args, name: str, fair: str, backlog_on: bool) -> dict:
-    spec = FleetSpec(pool=f"slo-{uuid.uuid4().hex[:6]}", capacity=args.capacity, decode_tok_s=args.decode_tok_s)
+    spec = FleetSpec(
+        pool=f"slo-{uuid.uuid4().hex[:6]}",
+        capacity=args.capacity,
+        decode_tok_s=args.decode_tok_s,
+        sim_profile=sim_profile(args),
+    )
     fleet = Fleet(env_file=stack.env_file, state=state / name.replace(" ", "-").replace(",", ""), spec=spec)
     url = fleet.start_gateway(
         "gw-0", {"LPX_GATEWAY_FAIR_QUEUING": fair, "LPX_GATEWAY_SUBMIT_CONCURRENCY": str(4 * args.backlog_size)}
@@ -190,7 +195,7 @@ def main() -> int:
     parser.add_argument("--interactive-rps", type=float, default=1.0, help="requests/s of each interactive tenant")
     parser.add_argument("--backlog-x", type=float, default=10.0, help="batch backlog in multiples of the capacity")
     args = parser.parse_args()
-    args.capacity_rps = args.workers * args.capacity * args.decode_tok_s / args.tokens
+    args.capacity_rps = capacity_rps(args)
     args.backlog_size = int(args.backlog_x * args.workers * args.capacity)
     render(asyncio.run(main_async(args)), args.out)
     return 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from libs.engine.profile import default_profile_path, load_profile
+
 ADMIN_TOKEN = "b"
 
 
@@ -84,4 +86,22 @@ def sim_pool_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds sent before measuring")
+    parser.add_argument(
+        "--sim-profile",
+        default=str(default_profile_path("smollm2-135m")),
+        help="engine profile the simulated workers follow (step time grows with the batch, as measured on the "
+        "real engine; --decode-tok-s is then ignored); 'none': a fixed --decode-tok-s per sequence",
+    )
     return parser
+
+
+def sim_profile(args) -> Path | None:
+    return None if args.sim_profile in (None, "", "none") else Path(args.sim_profile)
+
+
+def capacity_rps(args) -> float:
+    """Requests per second the simulated pool completes when full: every sequence slot busy."""
+    path = sim_profile(args)
+    profile = load_profile(path, "smollm2-135m") if path else None
+    per_sequence_tok_s = 1.0 / profile.step_s(args.capacity) if profile else args.decode_tok_s
+    return args.workers * args.capacity * per_sequence_tok_s / args.tokens

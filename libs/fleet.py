@@ -39,6 +39,9 @@ class FleetSpec:
     capacity: int = 16  # requests a worker generates at once
     decode_tok_s: float = 200.0  # simulated, per sequence
     prefill_tok_s: float = 4000.0
+    # A measured engine profile the simulated workers follow instead of the two rates (a full batch
+    # slows each sequence, as on the real engine): libs/engine/profiles/. None: the fixed rates.
+    sim_profile: Path | None = None
     routing_policy: str = "bounded_load"
     load_signal: str = "fleet"
     heartbeat_interval_s: float = 0.5
@@ -102,6 +105,8 @@ class Fleet:
             "LPX_WORKER_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s),
             "LPX_WORKER_LOG_LEVEL": s.log_level,
         }
+        if s.sim_profile is not None:
+            env["LPX_WORKER_SIM_PROFILE"] = str(s.sim_profile)
         env.update(extra or {})
         self.workers[worker_id] = self._spawn("services.worker", env, worker_id)
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from services.gateway.auth import bearer_key
 from services.gateway.errors import GatewayError
 from services.gateway.limits import Ticket, estimate_tokens
 from services.gateway.schemas import MODELS_RESPONSES, ChatCompletion, Completion, completion_responses
+
+log = logging.getLogger(__name__)
 
 router = APIRouter()
 MAX_NEW_TOKENS = SamplingParams.model_fields["max_tokens"].metadata[-1].le
@@ -397,6 +400,8 @@ def _record_timeline(gw, job, result: InferenceResult, accepted_at: float) -> No
     )
     for stage, seconds in spans.items():
         gw.metrics.stage_s.record(seconds, {"stage": stage})
+    if log.isEnabledFor(logging.DEBUG):  # per request (metrics aggregate): where one tenant's time went
+        log.debug("timeline", extra={"request_id": job.request.request_id, "tenant": job.request.tenant_id, **spans})
 
 
 def _usage(result: InferenceResult) -> dict:

@@ -5,11 +5,14 @@ On the real engine a full batch slows every sequence in it (a CPU step with 16 s
 solo one, libs/engine/profiles/), and a flood that holds every sequence makes the next tenant wait for
 a whole generation before it even starts. So, per request of tenant T:
 
-- T below its share (fewer running than `limit` / tenants with work here) starts at once, even past
-  `limit` (up to `most`, the engine's own bound): a calm tenant never waits behind a flood;
+- T below its share (fewer running than `limit` / tenants with work here) and running no more than any
+  other tenant with work starts at once, even past `limit` (up to `most`, the engine's own bound): a
+  calm tenant never waits behind a flood;
 - otherwise it starts while the batch is below `limit`, or below `protected_limit` while any tenant below
   its share has work here: the batch drains to the size that keeps per-token latency within the bound
-  the limit was derived from (EngineProfile.batch_within), and fills up again once it is gone;
+  the limit was derived from (EngineProfile.batch_within), and fills up again once it is gone. A heavy
+  tenant's share does not lift that bound (its requests wait while a lighter tenant has work), so
+  interactive latency wins over the flood's throughput while both have work;
 - a freed place goes to the waiting tenant with the fewest running (first come within a tenant).
 
 One tenant alone is always below its share until `limit`: it gets today's behaviour, the whole batch.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,10 +42,15 @@ class ShareStats:
 
 
 class BatchShare:
-    def __init__(self, limit: int, protected_limit: int, most: int) -> None:
+    def __init__(
+        self, limit: int, protected_limit: int, most: int, linger_s: float = 0.0, clock=time.monotonic
+    ) -> None:
         self.limit = limit
         self.protected_limit = min(protected_limit, limit)
         self.most = max(most, limit)
+        self.linger_s = linger_s
+        self._clock = clock
+        self._last_done: dict[str, float] = {}  # tenant -> when its last request here ended
         self.stats = ShareStats()
         self.running: Counter[str] = Counter()
         self._waiting: dict[str, deque[asyncio.Future]] = {}
@@ -75,7 +84,11 @@ class BatchShare:
 
     # --- the policy ----------------------------------------------------------------------------
     def _tenants_with_work(self) -> set[str]:
-        return set(self.running) | {t for t, q in self._waiting.items() if q}
+        """Running or waiting here, or done less than `linger_s` ago: a calm tenant between two requests
+        still counts, else the flood refills the batch in the gap and its next request finds it full."""
+        now = self._clock()
+        recent = {t for t, done in self._last_done.items() if now - done < self.linger_s}
+        return set(self.running) | {t for t, q in self._waiting.items() if q} | recent
 
     def share(self, tenant: str) -> int:
         tenants = self._tenants_with_work() | {tenant}
@@ -84,10 +97,17 @@ class BatchShare:
     def _below_share(self, tenant: str) -> bool:
         return self.running[tenant] < self.share(tenant)
 
+    def _first_in_line(self, tenant: str) -> bool:
+        """Below its share and running no more than any other tenant with work: it starts even past the
+        limit (a calm tenant beside a flood; a flood alone, up to its share: the whole `limit`)."""
+        if not self._below_share(tenant):
+            return False
+        return all(self.running[tenant] <= self.running[t] for t in self._tenants_with_work())
+
     def _may_start(self, tenant: str) -> bool:
         if self.total >= self.most:
             return False
-        if self._below_share(tenant):
+        if self._first_in_line(tenant):
             return True
         return self.total < self.current_limit() and not self._waiting.get(tenant)
 
@@ -111,13 +131,17 @@ class BatchShare:
         self.running[tenant] -= 1
         if self.running[tenant] <= 0:
             del self.running[tenant]
+        now = self._clock()
+        self._last_done[tenant] = now
+        if len(self._last_done) > 4 * self.most:  # forget tenants long gone
+            self._last_done = {t: d for t, d in self._last_done.items() if now - d < self.linger_s}
         self._release()
 
     def _release(self) -> None:
         """Hand freed places to waiting tenants, fewest running first."""
         while self._waiting:
             tenant = min(self._waiting, key=lambda t: self.running.get(t, 0))
-            if self.total >= self.most or not (self._below_share(tenant) or self.total < self.current_limit()):
+            if self.total >= self.most or not (self._first_in_line(tenant) or self.total < self.current_limit()):
                 return
             future = self._waiting[tenant].popleft()
             self._drop_empty(tenant)
@@ -151,7 +175,7 @@ def batch_share_for(settings, device: str) -> BatchShare | None:
         profile.step_s(protected) / profile.solo_step_s,
         profile.commit,
     )
-    return BatchShare(limit, protected, most)
+    return BatchShare(limit, protected, most, settings.latency_linger_s)
 
 
 def _profile(settings, device: str):

@@ -61,6 +61,9 @@ class WorkerSettings(ServiceSettings):
     # up to `max_num_seqs` requests (a calm tenant's request must not wait in JetStream behind the flood).
     latency_guard: bool = True
     latency_bound: float = Field(1.5, gt=1.0)
+    # How long a tenant keeps the batch drained after its last request here ended: a calm tenant's next
+    # request must not find the batch refilled by a flood in the gap between two of its requests.
+    latency_linger_s: float = Field(3.0, ge=0)
     latency_profile: Path | None = None
     # Local disk tier: content-addressed by digest, LRU bounded in bytes.
     disk_cache_dir: Path | None = None

@@ -132,3 +132,22 @@ async def test_a_cancelled_waiter_leaves_no_trace_and_passes_no_place_twice():
 async def _take(share: BatchShare, tenant: str) -> None:
     async with share.slot(tenant):
         await asyncio.sleep(3600)
+
+
+@pytest.mark.asyncio
+async def test_a_calm_tenant_between_two_requests_keeps_the_batch_drained_for_linger_s():
+    now = [0.0]
+    share = BatchShare(limit=4, protected_limit=2, most=8, linger_s=3.0, clock=lambda: now[0])
+    h = Holder(share)
+    calm = h.submit("calm")
+    flood = [h.submit("flood") for _ in range(6)]
+    await settle()
+    assert share.running == {"calm": 1, "flood": 2}  # as many as the lightest tenant, past the drained size
+    await h.finish(calm)
+    await settle()
+    assert share.running["flood"] == 2  # calm done 0 s ago: still counts, the flood stays drained
+    now[0] = 3.5
+    await h.finish(flood[0])
+    await settle()
+    assert share.running["flood"] == 4  # calm gone for longer than linger_s: the flood has the batch
+    await h.close()
