@@ -152,9 +152,16 @@ def render(report: dict, out: Path) -> None:
 
 def main() -> int:
     parser = sim_pool_parser(__doc__)
-    parser.add_argument("--steady-rps", type=float, default=1.0, help="requests/s of each steady tenant")
+    parser.add_argument(
+        "--steady-rps",
+        type=float,
+        default=None,
+        help="requests/s of each steady tenant (default: the four together use 40%% of the pool's capacity)",
+    )
     parser.add_argument("--deadline", type=float, default=30.0, help="request deadline, seconds")
     args = parser.parse_args()
+    if args.steady_rps is None:
+        args.steady_rps = round(0.4 * pool_capacity_rps(args) / len(STEADY), 2)
     render(asyncio.run(main_async(args)), args.out)
     return 0
 

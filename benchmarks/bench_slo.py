@@ -192,10 +192,17 @@ def render(report: dict, out: Path) -> None:
 
 def main() -> int:
     parser = sim_pool_parser(__doc__)
-    parser.add_argument("--interactive-rps", type=float, default=1.0, help="requests/s of each interactive tenant")
+    parser.add_argument(
+        "--interactive-rps",
+        type=float,
+        default=None,
+        help="requests/s of each interactive tenant (default: together 25%% of the pool's capacity)",
+    )
     parser.add_argument("--backlog-x", type=float, default=10.0, help="batch backlog in multiples of the capacity")
     args = parser.parse_args()
     args.capacity_rps = capacity_rps(args)
+    if args.interactive_rps is None:
+        args.interactive_rps = round(0.25 * args.capacity_rps / len(INTERACTIVE), 2)
     args.backlog_size = int(args.backlog_x * args.workers * args.capacity)
     render(asyncio.run(main_async(args)), args.out)
     return 0
