@@ -87,7 +87,7 @@ class Client:
         rid = request_id or f"t-{uuid.uuid4().hex[:12]}"
         request = InferenceRequest(
             request_id=rid,
-            tenant_id="tenant-e2e",
+            tenant_id=extra.pop("tenant_id", "tenant-e2e"),
             base_model=BASE,
             adapter=adapter.ref if adapter else None,
             messages=[{"role": "user", "content": question}],
