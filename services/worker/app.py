@@ -163,6 +163,8 @@ class Worker:
             loop.cancel()
         await _bounded(asyncio.gather(*self._loops, return_exceptions=True), 10, "pull loops")
         log.debug("drain: pulling stopped", extra={"worker": self.worker_id})
+        if self.batch_share is not None:  # pulled but not started: back to the queue, then handed off
+            self.batch_share.hand_back_waiting()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.drain_timeout_s)
         log.debug("drain: in-flight finished", extra={"worker": self.worker_id})

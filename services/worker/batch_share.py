@@ -35,6 +35,10 @@ from libs.engine.profile import load_profile
 log = logging.getLogger(__name__)
 
 
+class HandedBack(Exception):
+    """The worker is draining: a request still waiting for a place goes back to JetStream unstarted."""
+
+
 @dataclass
 class ShareStats:
     protected_admissions: int = 0  # started past the limit, below its tenant's share
@@ -68,6 +72,15 @@ class BatchShare:
             yield
         finally:
             self._done(tenant)
+
+    def hand_back_waiting(self) -> int:
+        """Draining: every request still waiting here raises HandedBack (its message goes back to the
+        queue for the pool's other workers). Returns how many."""
+        futures = [f for queue in self._waiting.values() for f in queue if not f.done()]
+        self._waiting.clear()
+        for future in futures:
+            future.set_exception(HandedBack())
+        return len(futures)
 
     @property
     def total(self) -> int:
@@ -117,8 +130,10 @@ class BatchShare:
         self.stats.held += 1
         try:
             await future
+        except HandedBack:
+            raise
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self._done(tenant)  # granted, then cancelled: pass the place on
             else:
                 queue = self._waiting.get(tenant)

@@ -35,7 +35,7 @@ from libs.messaging import dead_letter, kept_in_progress
 from libs.recent_ids import RecentIds
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
-from services.worker.batch_share import BatchShare
+from services.worker.batch_share import BatchShare, HandedBack
 from services.worker.engine_admission import EngineAdmission, Ticket
 from services.worker.metrics import WorkerMetrics
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
@@ -106,12 +106,16 @@ class RequestProcessor:
             return
         self.active.add(rid)
         try:
-            with tracer.start_as_current_span(
-                "worker.infer",
-                context=extract_context(msg.headers),
-                attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id, "lpx.tenant": request.tenant_id},
-            ):
-                result = await self._process(request, msg, fetched_at)
+            try:
+                with tracer.start_as_current_span(
+                    "worker.infer",
+                    context=extract_context(msg.headers),
+                    attributes={"lpx.request_id": rid, "lpx.worker": self.worker_id, "lpx.tenant": request.tenant_id},
+                ):
+                    result = await self._process(request, msg, fetched_at)
+            except HandedBack:
+                await msg.nak()  # unstarted: redelivered (the draining worker hands its own queue to the pool)
+                return
             result = result.model_copy(update=_caller_of(request))
             await self._publish_result(result, request.reply_to, give_up_at=_publish_deadline(request))
             await msg.ack()
@@ -148,6 +152,8 @@ class RequestProcessor:
             ):
                 timings["admission_wait_s"] = time.monotonic() - waiting_since  # batch share and slot
                 outcome = await self._generate(request, lease, ticket.started)
+        except HandedBack:
+            raise  # draining before it started: handle() gives the message back
         except RequestRejected as exc:  # the request asked for something the engine cannot do
             log.info("engine refused a request", extra={"request_id": request.request_id, "reason": str(exc)})
             return self._error(request, "bad_request", str(exc), timings)

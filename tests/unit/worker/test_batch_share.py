@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from services.worker.batch_share import BatchShare
+from services.worker.batch_share import BatchShare, HandedBack
 
 
 class Holder:
@@ -150,4 +150,23 @@ async def test_a_calm_tenant_between_two_requests_keeps_the_batch_drained_for_li
     await h.finish(flood[0])
     await settle()
     assert share.running["flood"] == 4  # calm gone for longer than linger_s: the flood has the batch
+    await h.close()
+
+
+@pytest.mark.asyncio
+async def test_draining_hands_back_every_waiting_request_and_keeps_the_running_ones():
+    share = BatchShare(limit=1, protected_limit=1, most=1)
+    h = Holder(share)
+    running = h.submit("a")
+    await settle()
+    waiters = [asyncio.create_task(_take(share, "a")) for _ in range(2)]
+    await settle()
+    assert share.hand_back_waiting() == 2
+    for waiter in waiters:
+        with pytest.raises(HandedBack):
+            await waiter
+    assert share.waiting == 0 and share.running == {"a": 1}
+    await h.finish(running)
+    await settle()
+    assert share.total == 0
     await h.close()
