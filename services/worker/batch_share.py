@@ -61,15 +61,19 @@ class BatchShare:
 
     # --- public --------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def slot(self, tenant: str) -> AsyncIterator[None]:
+    async def slot(self, tenant: str) -> AsyncIterator[float]:
+        """A place in the batch for one request of `tenant`; yields how long it waited for it."""
+        waited = 0.0
         if self._may_start(tenant):
             if self.total >= self.limit:
                 self.stats.protected_admissions += 1
             self.running[tenant] += 1
         else:
+            since = self._clock()
             await self._wait(tenant)  # counted as running when its place was handed over
+            waited = self._clock() - since
         try:
-            yield
+            yield waited
         finally:
             self._done(tenant)
 

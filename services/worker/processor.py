@@ -144,13 +144,12 @@ class RequestProcessor:
         try:
             # Long generations must not be redelivered to someone else: JetStream hears we are on it,
             # through slot waits and generation alike.
-            waiting_since = time.monotonic()
             async with (
                 kept_in_progress(msg, self.ack_wait_s),
-                self._shared(request.tenant_id),
+                self._shared(request.tenant_id) as shared_wait,
                 self._admitted(lease) as ticket,
             ):
-                timings["admission_wait_s"] = time.monotonic() - waiting_since  # batch share and slot
+                timings["admission_wait_s"] = (shared_wait or 0.0) + ticket.waited  # batch share, then slot
                 outcome = await self._generate(request, lease, ticket.started)
         except HandedBack:
             raise  # draining before it started: handle() gives the message back
