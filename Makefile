@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: setup venv model up down status demo test check test-unit test-integration test-e2e chaos bench lint clean help
+.PHONY: setup venv model up down status demo test check test-unit test-integration test-e2e chaos bench lint clean help compose-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -68,9 +68,12 @@ chaos: setup  ## chaos drills on real servers + vLLM (broker restarts, cluster n
 bench: setup  ## benchmarks: tables on screen, JSON + plots in bench-results/
 	$(PY) benchmarks/run_all.py --out bench-results
 
+compose-check: setup  ## compose.yaml end to end under Podman, images built here (infra/compose/check.sh; root; ~10 min, ~15 from nothing)
+	infra/compose/check.sh
+
 lint: venv  ## the formatter's layout (ruff format --check) and the linter (ruff check)
-	$(VENV)/bin/ruff format --check libs services tests benchmarks
-	$(VENV)/bin/ruff check libs services tests benchmarks
+	$(VENV)/bin/ruff format --check libs services tests benchmarks infra
+	$(VENV)/bin/ruff check libs services tests benchmarks infra
 
 clean:  ## remove the venv and local state (stops the stack first)
 	-$(LPX) stack down --purge
