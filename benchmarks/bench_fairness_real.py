@@ -37,6 +37,7 @@ import httpx
 from benchmarks.bench_gateway import free_port, wait_ready
 from benchmarks.bench_vs_vllm import one, start_worker, stop, wait_gone
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from benchmarks.results_log import commit, record
 from libs.engine.profile import default_profile_path
 from libs.models.bootstrap import fetch
 from libs.settings import ConnectionSettings
@@ -244,6 +245,46 @@ def render(report: dict, out: Path) -> None:
     print(f"JSON: {out / 'fairness_real.json'}")
 
 
+def markdown(report: dict) -> str:
+    """The tables as the README and benchmarks/RESULTS.md show them."""
+    r = report["results"]
+    alone, fifo = r["calm alone"][CALM], r["FIFO"]
+
+    def x(value, ref) -> str:
+        return f"{value / ref:.2f}x" if value and ref else "-"
+
+    lines = [
+        "| | calm p50 | vs alone | calm p95 | vs alone | calm TTFT p50 | vs alone | flood tok/s | vs FIFO "
+        "| all tok/s | vs FIFO | right adapter |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, run in r.items():
+        c, f = run[CALM], run[FLOOD]
+        flood = [f"{f['tok_per_s']:.1f}", x(f["tok_per_s"], fifo[FLOOD]["tok_per_s"])] if f["sent"] else ["-", "-"]
+        cells = [
+            f"{c['p50_s']:.2f} s",
+            x(c["p50_s"], alone["p50_s"]),
+            f"{c['p95_s']:.2f} s",
+            x(c["p95_s"], alone["p95_s"]),
+            f"{c['ttft_p50_s']:.2f} s",
+            x(c["ttft_p50_s"], alone["ttft_p50_s"]),
+            *flood,
+            f"{run['total_tok_per_s']:.1f}",
+            x(run["total_tok_per_s"], fifo["total_tok_per_s"]),
+            f"{c['right_adapter'] + f['right_adapter']}/{c['sent'] + f['sent']}",
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if "sim" in report:
+        lines += ["", "simulated engine (shipped profile) / real engine:", ""]
+        lines += ["| | calm p50 | flood tok/s | all tok/s |", "|---|---|---|---|"]
+        for name, real in r.items():
+            sim = report["sim"][name]
+            flood = sim[FLOOD]["tok_per_s"] / real[FLOOD]["tok_per_s"] if real[FLOOD]["tok_per_s"] else None
+            cells = [sim[CALM]["p50_s"] / real[CALM]["p50_s"], flood, sim["total_tok_per_s"] / real["total_tok_per_s"]]
+            lines.append(f"| {name} | " + " | ".join(f"{c:.2f}x" if c else "-" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def render_sim(real: dict, sim: dict) -> None:
     """The simulated engine (following the shipped profile) against the real one, run by run."""
     print(f"\nsimulated engine / real engine ({default_profile_path(BASE).name}); target within 20%:")
@@ -274,8 +315,15 @@ def main() -> int:
         default=True,
         help="run it again on the simulated engine following the shipped profile, and compare",
     )
+    parser.add_argument("--no-record", action="store_true", help="do not append the run to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    render(asyncio.run(main_async(args)), args.out)
+    ran_at = commit()
+    report = asyncio.run(main_async(args))
+    render(report, args.out)
+    if not args.no_record:
+        cfg = f"{args.flood} flood requests at once, {args.calm} calm ones every {args.calm_every:g} s"
+        cfg += f", {args.tokens} tokens"
+        print("recorded as:", record("bench_fairness_real", f"{cfg}\n\n{markdown(report)}", ran_at=ran_at))
     return 0
 
 
