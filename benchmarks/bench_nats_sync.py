@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from libs.bus.provision import ensure_streams
 from libs.contracts import subjects
-from libs.messaging import ensure_streams
 from libs.stack import Stack, StackConfig
 
 SPEC = next(s for s in subjects.STREAMS if s.name == subjects.RESULTS_STREAM)

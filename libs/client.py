@@ -28,8 +28,9 @@ from collections.abc import AsyncIterator, Sequence
 import nats
 from nats.js.errors import NotFoundError
 
-from libs.broker import TRANSIENT as _TRANSIENT
-from libs.broker import publish_retrying, quiet_callbacks
+from libs.bus.link import quiet_callbacks
+from libs.bus.retry import TRANSIENT as _TRANSIENT
+from libs.bus.retry import publish_retrying
 from libs.contracts import (
     ChatMessage,
     InferenceResult,

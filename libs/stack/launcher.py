@@ -286,7 +286,7 @@ class Stack:
         import asyncio
         import threading
 
-        from libs.messaging import ensure_streams
+        from libs.bus.provision import ensure_streams
 
         # A thread of its own, so `up` also works when called from inside a running event loop.
         failure: list[BaseException] = []

@@ -19,10 +19,13 @@ import contextlib
 import logging
 import time
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from pydantic import ValidationError
 
-from libs.broker import BrokerLink, publish_retrying
+from libs.bus.consumer import PullConsumer, durable_pull, kept_in_progress, one_at_a_time
+from libs.bus.dead_letters import DeadLetterPublisher, JetStreamPublisher
+from libs.bus.link import BrokerLink
+from libs.bus.retry import publish_retrying
 from libs.contracts import (
     AdapterEvent,
     AdapterEventKind,
@@ -34,12 +37,6 @@ from libs.contracts import (
 from libs.contracts.parsing import first_error
 from libs.contracts.reports import CheckResult, EvalReport
 from libs.engine import EngineConfig, create_engine
-from libs.messaging import (
-    DeadLetterPublisher,
-    JetStreamPublisher,
-    kept_in_progress,
-    serve_one_at_a_time,
-)
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.eval_gate.evaluation import Candidate, Evaluator
@@ -96,9 +93,7 @@ class EvalGate:
         self.ledger = await Ledger.open(self.js)
         self.sub = await self._consumer()
         self._loops = [
-            asyncio.create_task(
-                serve_one_at_a_time(self.sub, self.handle, self._stopping, RETRY_DELAY_S), name="eval-pull"
-            ),
+            asyncio.create_task(self._events().run(self._stopping), name="eval-pull"),
             asyncio.create_task(self._watch_queue(), name="eval-queue"),
         ]
         log.info(
@@ -110,18 +105,18 @@ class EvalGate:
         policy = DeliverPolicy.NEW if s.deliver_policy == "new" else DeliverPolicy.ALL
         # One event at a time per gate (max_ack_pending=1 per replica would serialise the whole
         # group, so the limit is the replicas' business: each fetches one and works on it).
-        config = ConsumerConfig(
-            durable_name=s.resolved_durable(),
-            ack_policy=AckPolicy.EXPLICIT,
+        return await durable_pull(
+            self.link,
+            subjects.EVENTS_STREAM,
+            subjects.ADAPTER_EVENTS,
+            s.resolved_durable(),
             ack_wait=s.ack_wait_s,
             deliver_policy=policy,
-            max_deliver=-1,
-            filter_subject=subjects.ADAPTER_EVENTS,
         )
-        self.link.add_consumer(subjects.EVENTS_STREAM, config)
-        return await self.js.pull_subscribe(
-            subjects.ADAPTER_EVENTS, durable=s.resolved_durable(), stream=subjects.EVENTS_STREAM, config=config
-        )
+
+    def _events(self) -> PullConsumer:
+        room, deliver = one_at_a_time(self.handle, RETRY_DELAY_S)
+        return PullConsumer(self.sub, "adapter events", room=room, deliver=deliver)
 
     async def run_until(self, stop: asyncio.Event) -> None:
         await stop.wait()

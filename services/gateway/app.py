@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libs.broker import BrokerLink
+from libs.bus.link import BrokerLink
 from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, TenantLimits, subjects
 from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors

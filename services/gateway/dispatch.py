@@ -24,9 +24,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from libs.broker import ConnectionState, publish_retrying
+from libs.bus.recent_ids import RecentIds
+from libs.bus.retry import publish_retrying
+from libs.bus.state import ConnectionState
 from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, WorkerLoad, subjects
-from libs.recent_ids import RecentIds
 from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors

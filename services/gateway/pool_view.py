@@ -24,7 +24,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 from pydantic import ValidationError
 
-from libs.broker import ConnectionState
+from libs.bus.state import ConnectionState
 from libs.contracts import WorkerHeartbeat, subjects
 
 log = logging.getLogger(__name__)

@@ -31,14 +31,13 @@ import logging
 import time
 from collections import defaultdict
 
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import ValidationError
 
-from libs.broker import ConnectionState, is_transient, last_message, publish_retrying
+from libs.bus.consumer import PullConsumer, durable_pull, kept_in_progress
+from libs.bus.dead_letters import dead_letter
+from libs.bus.retry import is_transient, last_message, publish_retrying
 from libs.contracts import ErrorInfo, InferenceResult, SubmitRequest, TokenDelta, subjects
 from libs.contracts.parsing import first_error, request_id_of
-from libs.messaging import dead_letter, kept_in_progress
 from libs.telemetry import extract_context, inject_headers
 from services.gateway import errors, logprobs
 from services.gateway.dispatch import check_applied
@@ -68,23 +67,18 @@ class SubmissionConsumer:
         self._loop_task: asyncio.Task | None = None
         self.sub = None
         self.duplicates = 0
-        self.fetching = ConnectionState("submission stream")
 
     async def start(self) -> None:
-        js = self.gateway.js
-        config = ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=AckPolicy.EXPLICIT,
+        self.sub = await durable_pull(
+            self.gateway.link,
+            subjects.SUBMIT_STREAM,
+            subjects.SUBMIT_ALL,
+            self.durable,
             ack_wait=ACK_WAIT_S,
             max_ack_pending=self.concurrency * 2,
-            filter_subject=subjects.SUBMIT_ALL,
-            max_deliver=-1,
         )
-        self.gateway.link.add_consumer(subjects.SUBMIT_STREAM, config)
-        self.sub = await js.pull_subscribe(
-            subjects.SUBMIT_ALL, durable=self.durable, stream=subjects.SUBMIT_STREAM, config=config
-        )
-        self._loop_task = asyncio.create_task(self._loop(), name="submissions")
+        pulling = PullConsumer(self.sub, "submissions", room=self._room, deliver=self._start, max_batch=64)
+        self._loop_task = asyncio.create_task(pulling.run(), name="submissions")
 
     async def stop(self) -> None:
         if self._loop_task:
@@ -101,26 +95,15 @@ class SubmissionConsumer:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
 
-    async def _loop(self) -> None:
-        while True:
-            free = max(1, min(64, self.concurrency - len(self._tasks)))
-            try:
-                msgs = await self.sub.fetch(batch=free, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                self.fetching.ok()
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.fetching.failed(exc)
-                await asyncio.sleep(0.5)
-                continue
-            self.fetching.ok()
-            for msg in msgs:
-                await self._slots.acquire()
-                task = asyncio.create_task(self._run(msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._done)
+    async def _room(self) -> int:
+        return self.concurrency - len(self._tasks)
+
+    async def _start(self, msgs: list) -> None:
+        for msg in msgs:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._run(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)

@@ -3,7 +3,7 @@ subjects.dead_letter("registry") (stored by the DLQ stream), never dropped silen
 
 from __future__ import annotations
 
-from libs.messaging import DeadLetterPublisher
+from libs.bus.dead_letters import DeadLetterPublisher
 
 SERVICE = "registry"
 

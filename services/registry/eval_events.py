@@ -11,12 +11,15 @@ events stream, consumed through a durable consumer) activate or reject versions.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from faststream.nats.annotations import NatsMessage
+from nats.js.api import DeliverPolicy
 from pydantic import ValidationError
 
+from libs.bus.consumer import PullConsumer, durable_pull
 from libs.contracts import EvaluationResult, subjects
 from services.registry import lifecycle, versions
 from services.registry.context import RegistryContext
@@ -62,42 +65,48 @@ async def apply_verdict(ctx: RegistryContext, result: EvaluationResult) -> Verdi
     return outcome
 
 
-def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
-    from faststream import AckPolicy
-    from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, PullSub
-
+async def consume(link, ctx: RegistryContext, dead_letters: DeadLetters, stopping: asyncio.Event) -> None:
+    """Apply the eval gate's verdicts, one at a time, through the one pull loop (libs.bus.consumer)."""
     policy = DeliverPolicy.NEW if ctx.settings.eval_deliver_policy == "new" else DeliverPolicy.ALL
-
-    @broker.subscriber(
-        subjects.EVALUATED,
-        stream=JStream(subjects.EVENTS_STREAM, declare=False),
-        durable=ctx.settings.eval_durable,
-        deliver_policy=policy,
-        pull_sub=PullSub(batch_size=1),
-        config=ConsumerConfig(ack_wait=30),
-        ack_policy=AckPolicy.MANUAL,
+    sub = await durable_pull(
+        link, subjects.EVENTS_STREAM, subjects.EVALUATED, ctx.settings.eval_durable, ack_wait=30, deliver_policy=policy
     )
-    async def on_evaluated(msg: NatsMessage) -> None:
-        try:
-            result = EvaluationResult.model_validate_json(msg.body)
-        except ValidationError as exc:
-            await dead_letters.send(
-                subjects.EVALUATED, f"malformed EvaluationResult: {exc.errors()[:1]}", msg.body, msg.headers
-            )
-            await msg.ack()
-            return
-        try:
-            outcome = await apply_verdict(ctx, result)
-        except Exception as exc:
-            if is_unavailable(exc):
-                log.warning("database unavailable; verdict %s will be redelivered", result.event_id)
-                await msg.nack(delay=RETRY_DELAY_S)
-                return
-            await dead_letters.send(subjects.EVALUATED, f"verdict could not be applied: {exc}", msg.body, msg.headers)
-            await msg.ack()
-            return
-        if not outcome.applied and not outcome.repeated:
-            await dead_letters.send(
-                subjects.EVALUATED, "verdict ignored: " + "; ".join(outcome.refused), msg.body, msg.headers
-            )
+
+    async def room() -> int:
+        return 1
+
+    async def deliver(msgs: list) -> None:
+        for msg in msgs:
+            await on_evaluated(ctx, dead_letters, msg)
+
+    try:
+        await PullConsumer(sub, "eval verdicts", room=room, deliver=deliver).run(stopping)
+    finally:  # nobody reads its queue now: a drain would wait on it
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def on_evaluated(ctx: RegistryContext, dead_letters: DeadLetters, msg) -> None:
+    try:
+        result = EvaluationResult.model_validate_json(msg.data)
+    except ValidationError as exc:
+        await dead_letters.send(
+            subjects.EVALUATED, f"malformed EvaluationResult: {exc.errors()[:1]}", msg.data, msg.headers
+        )
         await msg.ack()
+        return
+    try:
+        outcome = await apply_verdict(ctx, result)
+    except Exception as exc:
+        if is_unavailable(exc):
+            log.warning("database unavailable; verdict %s will be redelivered", result.event_id)
+            await msg.nak(delay=RETRY_DELAY_S)
+            return
+        await dead_letters.send(subjects.EVALUATED, f"verdict could not be applied: {exc}", msg.data, msg.headers)
+        await msg.ack()
+        return
+    if not outcome.applied and not outcome.repeated:
+        await dead_letters.send(
+            subjects.EVALUATED, "verdict ignored: " + "; ".join(outcome.refused), msg.data, msg.headers
+        )
+    await msg.ack()

@@ -23,7 +23,7 @@ import time
 
 import nats
 
-from libs.broker import quiet_callbacks
+from libs.bus.link import quiet_callbacks
 from libs.natsauth import jwt, permissions
 from services.registry import tenants
 from services.registry.db import transaction

@@ -63,7 +63,7 @@ class OutboxRelay:
         self._wake.set()
 
     async def run(self) -> None:
-        from libs.broker import ConnectionState
+        from libs.bus.state import ConnectionState
 
         state = ConnectionState("outbox relay (PostgreSQL or NATS)")
         backoff = self.poll_s

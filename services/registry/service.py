@@ -10,8 +10,8 @@ import logging
 from sqlalchemy import text
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from libs.broker import BrokerLink
-from libs.messaging import make_broker
+from libs.bus.faststream_broker import make_broker
+from libs.bus.link import BrokerLink
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver, usage
 from services.registry.bases import seed_catalog
@@ -38,6 +38,8 @@ class RegistryService:
         self.broker = None
         self.relay: OutboxRelay | None = None
         self._tasks: list[asyncio.Task] = []
+        self._consumers: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
 
     async def start(self) -> RegistryContext:
         conn = self.settings.connections
@@ -90,11 +92,17 @@ class RegistryService:
         )
         dead_letters = DeadLetters(self.broker)
         resolver.register(self.broker, self.ctx, dead_letters)
-        eval_events.register(self.broker, self.ctx, dead_letters)
         eval_context.register(self.broker, self.ctx, dead_letters)
-        usage.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
         await self.link.attach(self.broker.config.connection_state.connection)
+        # JetStream work (verdicts, usage) goes through the one pull loop; FastStream serves the
+        # request/reply subjects (resolve, auth, eval context): see libs.bus.
+        self._consumers = [
+            asyncio.create_task(
+                eval_events.consume(self.link, self.ctx, dead_letters, self._stopping), name="verdicts"
+            ),
+            asyncio.create_task(usage.consume(self.link, self.ctx, dead_letters, self._stopping), name="usage"),
+        ]
         self.ctx.nats_access = NatsAccess(self.ctx)
         await self.ctx.nats_access.start()
 
@@ -122,6 +130,10 @@ class RegistryService:
         return all(v == "ok" for v in checks.values()), checks
 
     async def stop(self) -> None:
+        self._stopping.set()
+        for task in self._consumers:
+            task.cancel()
+        await asyncio.gather(*self._consumers, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -10,17 +10,20 @@ stream keeps it (24 h).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from faststream.nats.annotations import NatsMessage
+from nats.js.api import DeliverPolicy
 from pydantic import ValidationError
 from sqlalchemy import func
 from sqlalchemy.dialects.postgresql import insert
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from libs.bus.consumer import PullConsumer, durable_pull
 from libs.contracts import InferenceResult, subjects
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable, transaction
@@ -121,39 +124,48 @@ def since_of(hours: float) -> datetime:
     return datetime.now(UTC) - timedelta(hours=hours)
 
 
-def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
-    from faststream import AckPolicy
-    from faststream.nats import ConsumerConfig, DeliverPolicy, JStream, PullSub
-
+async def consume(link, ctx: RegistryContext, dead_letters: DeadLetters, stopping: asyncio.Event) -> None:
+    """Count every result on the RESULTS stream, through the one pull loop (libs.bus.consumer)."""
     policy = DeliverPolicy.NEW if ctx.settings.usage_deliver_policy == "new" else DeliverPolicy.ALL
-
-    @broker.subscriber(
+    sub = await durable_pull(
+        link,
+        subjects.RESULTS_STREAM,
         subjects.RESULTS_ALL,
-        stream=JStream(subjects.RESULTS_STREAM, declare=False),
-        durable=ctx.settings.usage_durable,
+        ctx.settings.usage_durable,
+        ack_wait=30,
         deliver_policy=policy,
-        pull_sub=PullSub(batch_size=32),
-        config=ConsumerConfig(ack_wait=30),
-        ack_policy=AckPolicy.MANUAL,
     )
-    async def on_result(msg: NatsMessage) -> None:
-        try:
-            result = InferenceResult.model_validate_json(msg.body)
-        except ValidationError as exc:
-            await dead_letters.send(
-                msg.raw_message.subject, f"usage: malformed InferenceResult: {exc.errors()[:1]}", msg.body, msg.headers
-            )
-            await msg.ack()
-            return
-        try:
-            async with transaction(ctx.sessions) as session:
-                await record(session, result)
-        except Exception as exc:
-            if is_unavailable(exc):
-                log.warning("database unavailable; usage of %s will be counted on redelivery", result.request_id)
-                await msg.nack(delay=RETRY_DELAY_S)
-                return
-            await dead_letters.send(
-                msg.raw_message.subject, f"usage could not be recorded: {exc}", msg.body, msg.headers
-            )
+
+    async def room() -> int:
+        return 32
+
+    async def deliver(msgs: list) -> None:
+        for msg in msgs:
+            await on_result(ctx, dead_letters, msg)
+
+    try:
+        await PullConsumer(sub, "usage", room=room, deliver=deliver, max_batch=32).run(stopping)
+    finally:  # nobody reads its queue now: a drain would wait on it
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def on_result(ctx: RegistryContext, dead_letters: DeadLetters, msg) -> None:
+    try:
+        result = InferenceResult.model_validate_json(msg.data)
+    except ValidationError as exc:
+        await dead_letters.send(
+            msg.subject, f"usage: malformed InferenceResult: {exc.errors()[:1]}", msg.data, msg.headers
+        )
         await msg.ack()
+        return
+    try:
+        async with transaction(ctx.sessions) as session:
+            await record(session, result)
+    except Exception as exc:
+        if is_unavailable(exc):
+            log.warning("database unavailable; usage of %s will be counted on redelivery", result.request_id)
+            await msg.nak(delay=RETRY_DELAY_S)
+            return
+        await dead_letters.send(msg.subject, f"usage could not be recorded: {exc}", msg.data, msg.headers)
+    await msg.ack()

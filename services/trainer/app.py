@@ -19,22 +19,18 @@ import logging
 import shutil
 import time
 
-from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig
+from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError
 from pydantic import ValidationError
 
-from libs.broker import BrokerLink
+from libs.bus.consumer import PullConsumer, durable_pull, kept_in_progress, one_at_a_time
+from libs.bus.dead_letters import DeadLetterPublisher, JetStreamPublisher
+from libs.bus.link import BrokerLink
 from libs.contracts import TrainJob, TrainProgress, TrainStage, subjects
 from libs.contracts.parsing import first_error
 from libs.datasets import DatasetInvalid, parse_bytes
 from libs.lora.format import adapter_digest
 from libs.lora.train import DEFAULT_TARGETS, LoraRecipe, train_adapter
-from libs.messaging import (
-    DeadLetterPublisher,
-    JetStreamPublisher,
-    kept_in_progress,
-    serve_one_at_a_time,
-)
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, setup_telemetry
 from services.trainer.metrics import TrainerMetrics, register_queue_gauge
@@ -76,20 +72,12 @@ class Trainer:
         self.js = self.link.js
         self.dead_letters = DeadLetterPublisher(JetStreamPublisher(self.js), SERVICE)
         self.ledger = await self.js.key_value(subjects.TRAIN_LEDGER_BUCKET)
-        config = ConsumerConfig(
-            durable_name=s.durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=s.ack_wait_s,
-            max_deliver=-1,
-            filter_subject=subjects.TRAIN_JOBS,
+        self.sub = await durable_pull(
+            self.link, subjects.TRAIN_STREAM, subjects.TRAIN_JOBS, s.durable, ack_wait=s.ack_wait_s
         )
-        self.link.add_consumer(subjects.TRAIN_STREAM, config)
-        self.sub = await self.js.pull_subscribe(
-            subjects.TRAIN_JOBS, durable=s.durable, stream=subjects.TRAIN_STREAM, config=config
-        )
-        self._loop_task = asyncio.create_task(
-            serve_one_at_a_time(self.sub, self.handle, self._stopping, s.retry_delay_s), name="train-pull"
-        )
+        room, deliver = one_at_a_time(self.handle, s.retry_delay_s)
+        jobs = PullConsumer(self.sub, "train jobs", room=room, deliver=deliver)
+        self._loop_task = asyncio.create_task(jobs.run(self._stopping), name="train-pull")
         self._queue_task = asyncio.create_task(self._watch_queue(), name="train-queue")
         log.info("trainer ready", extra={"trainer": s.trainer_id})
 

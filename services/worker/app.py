@@ -14,9 +14,10 @@ import logging
 import time
 
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig
 
-from libs.broker import BrokerLink, ConnectionState, is_transient
+from libs.bus.consumer import PullConsumer, durable_pull
+from libs.bus.link import BrokerLink
+from libs.bus.retry import is_transient
 from libs.contracts import PrewarmCommand, WorkerLoad, subjects
 from libs.engine import create_engine
 from libs.objectstore import ObjectStore
@@ -31,7 +32,6 @@ from services.worker.settings import WorkerSettings
 from services.worker.tiers import AdapterTiers
 
 log = logging.getLogger(__name__)
-FOLLOW_UP_S = 0.01  # the longest a burst's follow-up pull waits when nothing else is stored
 
 
 class Capacity:
@@ -131,24 +131,20 @@ class Worker:
         self._prewarm_sub = await self.nc.subscribe(subjects.prewarm(s.pool), cb=self._on_prewarm)
         await self.prewarm_from_bucket()
         self._loops = [
-            asyncio.create_task(self._pull_loop(self.own, 0.5, "own"), name="pull-own"),
-            asyncio.create_task(self._pull_loop(self.shared, 0.5, "pool"), name="pull-pool"),
+            asyncio.create_task(self._pulling(self.own, "own").run(self._stopping), name="pull-own"),
+            asyncio.create_task(self._pulling(self.shared, "pool").run(self._stopping), name="pull-pool"),
             asyncio.create_task(self._watch_queue(), name="queue-depth"),
         ]
         log.info("worker ready", extra={"worker": self.worker_id, "pool": s.pool, "capacity": s.capacity})
 
     async def _consumer(self, filter_subject: str, durable: str):
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_policy=AckPolicy.EXPLICIT,
+        return await durable_pull(
+            self.link,
+            subjects.INFER_STREAM,
+            filter_subject,
+            durable,
             ack_wait=self.settings.ack_wait_s,
             max_ack_pending=max(64, self.settings.capacity * 4),
-            filter_subject=filter_subject,
-            max_deliver=-1,
-        )
-        self.link.add_consumer(subjects.INFER_STREAM, config)
-        return await self.js.pull_subscribe(
-            filter_subject, durable=durable, stream=subjects.INFER_STREAM, config=config
         )
 
     async def run_until(self, stop: asyncio.Event) -> None:
@@ -180,25 +176,19 @@ class Worker:
         self.telemetry.shutdown()
 
     # --- pulling -------------------------------------------------------------------------------
-    async def _pull_loop(self, sub, timeout_s: float, name: str) -> None:
-        state = ConnectionState(f"work queue ({name})")
-        while not self._stopping.is_set():
-            room = min(16, await self.capacity.wait_for_room())
-            try:
-                msgs = await _fetch_arrived(sub, room, timeout_s)
-            except (TimeoutError, NatsTimeout):
-                state.ok()
-                continue
-            except Exception as exc:
-                state.failed(exc)
-                await asyncio.sleep(0.5)
-                await self._recreate_consumers()
-                continue
-            state.ok()
+    def _pulling(self, sub, name: str) -> PullConsumer:
+        async def room() -> int:
+            return await self.capacity.wait_for_room()
+
+        async def start(msgs: list) -> None:
             self.capacity.take(len(msgs))
             await self._report_load()
             for msg in msgs:
                 self._spawn(msg)
+
+        return PullConsumer(
+            sub, name, room=room, deliver=start, poll_s=0.5, max_batch=16, after_failure=self._recreate_consumers
+        )
 
     async def _report_load(self) -> None:
         """Tell the gateways this worker's in-flight count now (core NATS, fire and forget)."""
@@ -303,21 +293,6 @@ class Worker:
                 log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
         log.info("prewarmed adapters", extra={"count": len(warmed)})
         return warmed
-
-
-async def _fetch_arrived(sub, room: int, timeout_s: float) -> list:
-    """The next message as soon as it arrives, then whatever else is already waiting, up to `room`.
-
-    Not one `fetch(batch=room)`: once its long poll gets a first message, nats-py waits for the rest of
-    the batch until the poll expires, so a request arriving at an idle worker sat up to `timeout_s` in
-    the client before reaching the engine (the TTFT gap to `vllm serve`). The follow-up pull answers at
-    once when messages are stored (the server's no-wait probe) and waits at most `FOLLOW_UP_S` when none
-    are; a message it catches later stays in the subscription's queue for the next call."""
-    msgs = await sub.fetch(batch=1, timeout=timeout_s)
-    if room > 1:
-        with contextlib.suppress(TimeoutError, NatsTimeout):
-            msgs += await sub.fetch(batch=room - 1, timeout=FOLLOW_UP_S)
-    return msgs
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> bool:

@@ -14,9 +14,9 @@ import uuid
 
 from nats.js.api import KeyValueConfig, StorageType
 
-from libs.broker import ConnectionState
+from libs.bus.provision import ensure_buckets
+from libs.bus.state import ConnectionState
 from libs.contracts import AdapterTier, WorkerHeartbeat, subjects
-from libs.messaging import ensure_buckets
 
 log = logging.getLogger(__name__)
 

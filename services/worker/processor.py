@@ -17,7 +17,10 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from libs.broker import last_message, publish_retrying
+from libs.bus.consumer import kept_in_progress
+from libs.bus.dead_letters import dead_letter
+from libs.bus.recent_ids import RecentIds
+from libs.bus.retry import last_message, publish_retrying
 from libs.contracts import (
     AdapterTier,
     ErrorInfo,
@@ -31,8 +34,6 @@ from libs.contracts import (
 )
 from libs.contracts.parsing import first_error, reply_to_of, request_id_of
 from libs.engine import GenerationRequest, RequestRejected, TokenLogprobs
-from libs.messaging import dead_letter, kept_in_progress
-from libs.recent_ids import RecentIds
 from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
 from services.worker.batch_share import BatchShare, HandedBack

@@ -1,4 +1,4 @@
-"""libs.broker against a REAL nats-server of its own (so it can be killed): a connection that waits
+"""libs.bus.link against a REAL nats-server of its own (so it can be killed): a connection that waits
 for a broker that is not there yet, survives a SIGKILL + restart on the same port and store dir,
 re-creates the memory-stored bucket the restart lost, re-runs the service's hooks, retries a
 publish across the outage with one Nats-Msg-Id (stored once), and logs one line per state change.
@@ -15,9 +15,10 @@ import time
 import pytest
 from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 
-from libs.broker import BrokerLink, publish_retrying
+from libs.bus.link import BrokerLink
+from libs.bus.provision import ProvisioningConflict, ensure_streams_on
+from libs.bus.retry import publish_retrying
 from libs.contracts.subjects import StreamSpec
-from libs.messaging import ProvisioningConflict, ensure_streams_on
 from libs.settings import ConnectionSettings
 from libs.stack.procs import free_port
 from libs.stack.servers import _venv_binary
@@ -74,7 +75,7 @@ async def _until(predicate, timeout_s: float = 20.0) -> None:
 
 
 async def test_link_rides_out_a_broker_restart(own_nats, caplog):
-    caplog.set_level(logging.INFO, logger="libs.broker")
+    caplog.set_level(logging.INFO, logger="libs.bus")
     conn = ConnectionSettings(nats_url=own_nats.url, nats_allow_open=True)
     link = BrokerLink(conn, "t-link", streams=[SPEC], buckets=[BUCKET])
     hooks: list[float] = []

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from libs.broker import BrokerLink
+from libs.bus.link import BrokerLink
 from libs.contracts import TenantLimits
 from libs.settings import ConnectionSettings
 from services.gateway.limit_sync import LimitSync
@@ -64,7 +64,7 @@ def _refused(replica: Replica) -> bool:
 
 
 async def test_limit_reports_converge_again_after_a_broker_restart(nats_server, caplog):
-    caplog.set_level(logging.INFO, logger="libs.broker")
+    caplog.set_level(logging.INFO, logger="libs.bus")
     a, b = Replica(nats_server.url, "gw-a"), Replica(nats_server.url, "gw-b")
     await a.start()
     await b.start()

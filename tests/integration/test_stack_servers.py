@@ -50,8 +50,8 @@ async def test_faststream_roundtrip_carries_trace_context(connections):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from libs.bus.faststream_broker import make_broker
     from libs.contracts import InferenceRequest, subjects
-    from libs.messaging import make_broker
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

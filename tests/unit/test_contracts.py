@@ -121,7 +121,7 @@ def test_stream_names_and_subjects_are_unique():
 
 
 def test_dead_letter_keeps_payload_and_reason():
-    from libs.messaging import dead_letter
+    from libs.bus.dead_letters import dead_letter
 
     dl = dead_letter("worker", "lpx.infer.p.w.a", "invalid JSON", b"\xff{not json", {"Nats-Msg-Id": "1"})
     assert isinstance(dl, DeadLetter)
@@ -148,7 +148,7 @@ def test_worker_ids_may_not_take_the_pool_token():
 
 
 def test_a_dead_letter_stays_publishable_whatever_it_stands_for():
-    from libs.messaging import MAX_DEAD_LETTER_PAYLOAD, dead_letter
+    from libs.bus.dead_letters import MAX_DEAD_LETTER_PAYLOAD, dead_letter
 
     garbage = bytes(range(128, 256)) * 8_000  # 1 MB that is not UTF-8: 3 MB once decoded with replacements
     letter = dead_letter("gateway", "lpx.submit", "invalid SubmitRequest", garbage, {"X-Odd": "v" * 5000})

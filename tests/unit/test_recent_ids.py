@@ -1,6 +1,6 @@
 """The bounded set of recently answered request ids: the oldest goes first, a re-added id is fresh."""
 
-from libs.recent_ids import RecentIds
+from libs.bus.recent_ids import RecentIds
 
 
 def test_the_oldest_id_goes_once_the_bound_is_reached():

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libs.broker import last_message
+from libs.bus.retry import last_message
 from libs.contracts import DeadLetter, ResolveReply, TenantAuthReply, subjects
 from tests.integration.fuzz.conftest import WORKER
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-log = logging.getLogger("libs.broker")
+log = logging.getLogger("libs.bus")
 
 
 class ConnectionState:
