@@ -103,6 +103,8 @@ class Fleet:
             "LPX_WORKER_DISK_CACHE_DIR": str(self.state / f"cache-{worker_id}"),
             "LPX_WORKER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
             "LPX_WORKER_HEARTBEAT_TTL_S": str(s.heartbeat_ttl_s),
+            # The gateways' staleness (LPX_GATEWAY_HEARTBEAT_STALENESS_S): placement sees their ring.
+            "LPX_WORKER_PLACEMENT_STALENESS_S": str(s.heartbeat_ttl_s),
             "LPX_WORKER_LOG_LEVEL": s.log_level,
         }
         if s.sim_profile is not None:

@@ -195,10 +195,12 @@ def adapter_where(
     as_json: bool = typer.Option(False, "--json", help="print the answer as JSON"),
     nats_url: str | None = typer.Option(None, "--nats", help="NATS URL (default: LPX_NATS_URL, the stack env file)"),
 ) -> None:
-    """Which live workers hold an adapter now, in which tier, since when.
+    """Which live workers hold an adapter now, in which tier, since when, and where it is placed.
 
     The registry resolves the alias to its version's digest; the workers' heartbeats say which of them
     hold that digest in a gpu slot, the cpu cache or on disk, and since when (to a heartbeat interval).
+    "placed on": per pool, the worker the ring gives it to (the gateways route it there while it is
+    under the load bound, and that worker keeps it on disk ahead of requests).
     """
     import time
 
@@ -207,6 +209,7 @@ def adapter_where(
     from libs.cli.registry_cmds import _call, _split
     from libs.fleetview import FleetUnreachable, placements, unlisted_disk
     from libs.fleetview.render import render_where
+    from libs.fleetview.snapshot import placed_on
 
     tenant, alias = _split(ref, "alias")
     version = _call("GET", f"/v1/tenants/{tenant}/aliases/{alias}")
@@ -216,6 +219,7 @@ def adapter_where(
         _unreachable("lpx adapter where", str(exc))
     found = placements(beats.values(), version["digest"])
     unlisted = unlisted_disk(beats.values(), version["digest"])
+    placed = placed_on(beats.values(), version["digest"], version.get("base_model"))
     if as_json:
         body = {
             "tenant": tenant,
@@ -226,11 +230,15 @@ def adapter_where(
             "digest": version["digest"],
             "workers": [asdict(p) for p in found],
             "may_hold_on_disk": unlisted,  # workers whose beats list only their most recent disk adapters
+            "placed_on": placed,  # pool -> the worker the ring gives it to
         }
         typer.echo(json.dumps(body, indent=2))
         return
     title = f"{tenant}/{alias} = {version['adapter']} v{version['number']} ({version['digest'][:12]})"
-    Console().print(render_where(title, found, time.time(), unlisted))
+    console = Console()
+    console.print(render_where(title, found, time.time(), unlisted))
+    for pool, worker in placed.items():
+        console.print(f"placed on {worker} in pool {pool} (its ring owner: routed there, kept on its disk)")
 
 
 async def _heartbeats(url: str) -> dict:

@@ -58,8 +58,9 @@ DLQ_ALL = f"{PREFIX}.dlq.>"
 
 # --- key-value buckets -------------------------------------------------------------------------
 HEARTBEAT_BUCKET = "lpx_workers"
-# Per pool, the adapters to pre-warm on start, hottest first (a PrewarmCommand under key <pool>).
-HOT_ADAPTERS_BUCKET = "lpx_hot_adapters"
+# Each gateway's recent demand per pool (an AdapterDemand under key <pool>.<gateway>): what the workers
+# pre-load, each its share of the ring, most requested first.
+ADAPTER_DEMAND_BUCKET = "lpx_adapter_demand"
 
 _TOKEN_OK = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -121,9 +122,8 @@ def gateway_limits(gateway: str) -> str:
     return f"{PREFIX}.limits.{token(gateway)}"
 
 
-def prewarm(pool: str) -> str:
-    """Control subject: pre-warm the given adapters on every worker of the pool (core NATS)."""
-    return f"{PREFIX}.control.{token(pool)}.prewarm"
+def demand_key(pool: str, gateway: str) -> str:
+    return f"{token(pool)}.{token(gateway)}"
 
 
 def submit(tenant: str) -> str:

@@ -105,17 +105,18 @@ GATEWAY = Role(
     ),
     consume=(s.SUBMIT_STREAM, s.INFER_STREAM),  # INFER: it retires a dead worker's durable
     read=(s.RESULTS_STREAM,),
-    buckets=(s.HEARTBEAT_BUCKET,),
+    buckets=(s.HEARTBEAT_BUCKET, s.ADAPTER_DEMAND_BUCKET),  # demand: what the workers pre-load
     purge=(s.INFER_STREAM,),  # a dead worker's backlog, once re-routed
 )
 WORKER = Role(
     "worker",
     "consumes its pool's inference work, publishes results, token deltas, load and heartbeats",
     publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL),  # INFER: drain hand-offs
-    subscribe=("lpx.control.>",),
+    # Activations: the owner of a new version fetches it before its first request.
+    subscribe=("lpx.control.>", s.adapter_event("activated")),
     consume=(s.INFER_STREAM,),
     read=(s.RESULTS_STREAM,),
-    buckets=(s.HEARTBEAT_BUCKET, s.HOT_ADAPTERS_BUCKET),
+    buckets=(s.HEARTBEAT_BUCKET, s.ADAPTER_DEMAND_BUCKET),
 )
 REGISTRY = Role(
     "registry",

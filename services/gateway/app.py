@@ -19,6 +19,7 @@ from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingPa
 from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors
 from services.gateway.auth import tenant_of
+from services.gateway.demand import DemandPublisher, demand_bucket_config
 from services.gateway.dispatch import Dispatcher, Job
 from services.gateway.errors import GatewayError
 from services.gateway.limit_sync import LimitSync
@@ -63,7 +64,7 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         self.loop = asyncio.get_running_loop()  # for code embedding the gateway in another thread
-        self.link = BrokerLink(s.connections, "gateway")
+        self.link = BrokerLink(s.connections, "gateway", buckets=[demand_bucket_config()])
         self.nc = await self.link.connect()
         self.js = self.link.js
         self.cache = ResolverCache(
@@ -109,12 +110,18 @@ class Gateway:
         # of declaring them dead, and results published meanwhile are looked up once it is back.
         self.link.on_lost(self.pools.blind)
         self.link.on_back(self.dispatcher.catch_up)
+        self.demand = DemandPublisher(
+            self.js, s.gateway_id, publish_every_s=s.demand_publish_s, half_life_s=s.demand_half_life_s
+        )
+        self.dispatcher.on_routed = self.demand.seen
         self.rerouter = Rerouter(self.dispatcher, drain_grace_s=s.drain_grace_s)
         self.pools.on_dead = self.rerouter.on_dead
         await self.dispatcher.start()
         await self.pools.start()
         self.submissions = SubmissionConsumer(self, durable=s.submit_durable, concurrency=s.submit_concurrency)
         await self.submissions.start()
+        if s.demand_publish_s > 0:
+            self.demand.start()
         self.started = True
         log.info("gateway ready", extra={"workers": len(self.pools.live)})
 
@@ -122,6 +129,7 @@ class Gateway:
         if not self.started:
             return
         await self.submissions.stop()
+        await self.demand.stop()
         await self.limit_sync.stop()
         await self.pools.stop()
         await self.dispatcher.stop()

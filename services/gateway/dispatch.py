@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from libs.bus.recent_ids import RecentIds
 from libs.bus.retry import publish_retrying
 from libs.bus.state import ConnectionState
-from libs.contracts import InferenceRequest, InferenceResult, TokenDelta, WorkerLoad, subjects
+from libs.contracts import AdapterRef, InferenceRequest, InferenceResult, TokenDelta, WorkerLoad, subjects
 from libs.routing import BoundedLoadRouter, RouteDecision, make_policy
 from libs.telemetry import inject_headers
 from services.gateway import errors
@@ -167,6 +167,8 @@ class Dispatcher:
             )
         # Interactive requests the pool cannot finish before their deadline are refused at once (None: never).
         self.overload = overload
+        # Told of every routed adapter request (the gateway counts demand for placement).
+        self.on_routed: Callable[[str, AdapterRef], None] | None = None
         # Results and tokens come to this gateway's own subjects (None: the shared ones, every result).
         self.gateway_id = gateway_id
         self.load_signal = load_signal  # "fleet": heartbeats + own deltas; "local": this gateway's own counts
@@ -307,6 +309,8 @@ class Dispatcher:
         """Route (on the loads of now, after any wait) and count the job against its worker."""
         token = request.adapter.digest if request.adapter else BASE_TOKEN
         decision = self.route(choice.pool, choice.workers, token)
+        if request.adapter is not None and self.on_routed is not None:
+            self.on_routed(choice.pool, request.adapter)
         if interactive and self.fair is not None:
             decision = self._spill_if_full(choice.workers, decision)
         job = Job(

@@ -69,6 +69,10 @@ class GatewaySettings(ServiceSettings):
     default_concurrency: int | None = Field(None, gt=0, le=MAX_LIMIT_CONCURRENCY)
     # How often a replica tells the others what it admitted per tenant (0: count alone, per replica).
     limit_sync_s: float = Field(0.1, ge=0, le=10)
+    # Placement: how often this gateway tells the workers what each pool's adapters are asked for (0: never),
+    # and how fast old requests stop counting (services/gateway/demand.py).
+    demand_publish_s: float = Field(10.0, ge=0)
+    demand_half_life_s: float = Field(1800.0, gt=0)
     # Async submissions over their tenant's limit wait here (not refused) until the limit allows them;
     # once this many of one tenant wait at this gateway, the next is refused with a rate_limited result.
     submit_tenant_queue: int = Field(64, ge=1, le=10_000)

@@ -18,7 +18,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from libs.bus.consumer import PullConsumer, durable_pull
 from libs.bus.link import BrokerLink
 from libs.bus.retry import is_transient
-from libs.contracts import PrewarmCommand, WorkerLoad, subjects
+from libs.contracts import WorkerLoad, subjects
 from libs.engine import create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
@@ -27,6 +27,7 @@ from services.worker.disk_cache import DiskCache
 from services.worker.engine_setup import admission_for, engine_config
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
+from services.worker.placement import Placement
 from services.worker.processor import RequestProcessor
 from services.worker.settings import WorkerSettings
 from services.worker.tiers import AdapterTiers
@@ -83,6 +84,7 @@ class Worker:
         self.batch_share = batch_share_for(settings, getattr(self.engine, "device", "cpu"))
         # With a batch share the worker pulls what its engine could hold and the share picks who runs.
         self.capacity = Capacity(self.batch_share.most if self.batch_share else settings.capacity)
+        self.placement = Placement(self, settings, self.tiers)
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.handed_off = 0
@@ -128,8 +130,8 @@ class Worker:
         self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
         self.heartbeat.start()
-        self._prewarm_sub = await self.nc.subscribe(subjects.prewarm(s.pool), cb=self._on_prewarm)
-        await self.prewarm_from_bucket()
+        if s.placement:
+            await self.placement.start(self.nc)
         self._loops = [
             asyncio.create_task(self._pulling(self.own, "own").run(self._stopping), name="pull-own"),
             asyncio.create_task(self._pulling(self.shared, "pool").run(self._stopping), name="pull-pool"),
@@ -166,7 +168,8 @@ class Worker:
         log.debug("drain: in-flight finished", extra={"worker": self.worker_id})
         await _bounded(self._hand_off_backlog(), 60, "hand-off")
         await _bounded(self.heartbeat.stop(), 10, "heartbeat stop")
-        for sub in (self._prewarm_sub, self.own, self.shared):
+        await _bounded(self.placement.stop(), 5, "placement stop")
+        for sub in (self.own, self.shared):
             await _bounded(sub.unsubscribe(), 5, "unsubscribe")
         await _bounded(self.link.close(), 20, "nats close")
         log.info("drained", extra={"worker": self.worker_id, "handed_off": self.handed_off})
@@ -263,36 +266,6 @@ class Worker:
             return 0.0
         (t0, n0), (t1, n1) = self._token_window[0], self._token_window[-1]
         return (n1 - n0) / max(t1 - t0, 1e-6)
-
-    # --- pre-warming ---------------------------------------------------------------------------
-    async def prewarm_from_bucket(self) -> None:
-        try:
-            kv = await self.js.key_value(subjects.HOT_ADAPTERS_BUCKET)
-            entry = await kv.get(self.settings.pool)
-        except Exception:
-            return
-        await self.prewarm(PrewarmCommand.model_validate_json(entry.value))
-
-    async def _on_prewarm(self, msg) -> None:
-        try:
-            command = PrewarmCommand.model_validate_json(msg.data)
-        except Exception as exc:
-            log.warning("ignoring malformed prewarm command: %s", exc)
-            return
-        asyncio.create_task(self.prewarm(command))
-
-    async def prewarm(self, command: PrewarmCommand) -> list[str]:
-        top_n = command.top_n or self.settings.prewarm_top_n
-        top_n = min(top_n, self.settings.max_cpu_loras)
-        warmed = []
-        for ref in command.adapters[:top_n]:
-            try:
-                await self.tiers.prewarm(ref)
-                warmed.append(ref.digest)
-            except Exception as exc:
-                log.warning("prewarm of %s failed: %s", ref.digest[:12], exc)
-        log.info("prewarmed adapters", extra={"count": len(warmed)})
-        return warmed
 
 
 async def _bounded(awaitable, timeout_s: float, what: str) -> bool:

@@ -92,6 +92,23 @@ def register_queue_gauges(meter: metrics.Meter, worker) -> None:
         )
     gauge("lpx_worker_disk_cache_bytes", lambda: worker.tiers.disk.stats.bytes, "disk tier size")
     gauge("lpx_worker_tokens_per_second", worker.tokens_per_s, "recent tok/s")
+    placement = getattr(worker, "placement", None)
+    if placement is not None:  # services/worker/placement.py: this worker's share of the ring
+        stats = placement.stats
+        gauge("lpx_worker_placement_owned", lambda: stats.owned, "adapters the ring gives this worker (with demand)")
+        gauge("lpx_worker_placement_resident", lambda: stats.resident, "owned adapters on this worker's disk")
+        gauge("lpx_worker_placement_backlog", lambda: stats.backlog, "owned adapters waiting to be fetched")
+        gauge("lpx_worker_placement_shortfall", lambda: stats.shortfall, "owned adapters beyond the disk budget")
+        meter.create_observable_counter(
+            "lpx_worker_placement_fetches",
+            [
+                lambda _o: [
+                    metrics.Observation(stats.fetched, {**labels, "outcome": "ok"}),
+                    metrics.Observation(stats.failed, {**labels, "outcome": "failed"}),
+                ]
+            ],
+            description="background fetches of owned adapters into the disk tier",
+        )
     _register_adapters(meter, worker, labels)
 
 

@@ -68,7 +68,17 @@ class WorkerSettings(ServiceSettings):
     # Local disk tier: content-addressed by digest, LRU bounded in bytes.
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 2 * 1024**3
-    prewarm_top_n: int = 8
+    # Placement (services/worker/placement.py): keep this worker's share of the ring on disk before requests
+    # need it. Re-planned every interval (a membership change is adopted once seen on two plans in a row),
+    # fetched at most `placement_fetch_per_s`, within `placement_disk_share` of the disk tier; the
+    # `placement_host_ram_top` most requested also into the engine's host-RAM cache. The staleness must be
+    # the gateways' (LPX_GATEWAY_HEARTBEAT_STALENESS_S): both sides must see the same ring.
+    placement: bool = True
+    placement_interval_s: float = Field(10.0, gt=0)
+    placement_fetch_per_s: float = Field(4.0, gt=0)
+    placement_disk_share: float = Field(0.8, gt=0, le=1)
+    placement_host_ram_top: int = Field(4, ge=0)
+    placement_staleness_s: float = Field(10.0, gt=0)
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
     ack_wait_s: float = 30.0

@@ -87,7 +87,8 @@ class AdapterTiers:
         except BaseException:
             self.disk.unpin(ref.digest)
             raise
-        self._touch_slot(ref.digest)
+        if request:  # a prewarm loads into host RAM; the engine takes a slot only for a request
+            self._touch_slot(ref.digest)
         self._touch_engine(ref.digest)
         return AdapterLease(spec, tier, time.monotonic() - started)
 

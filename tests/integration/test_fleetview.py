@@ -218,6 +218,8 @@ async def test_top_and_adapter_where_on_a_live_fleet(
     held = {p["worker_id"]: p for p in answer["workers"]}
     assert held[serving]["tier"] == "gpu" and held[serving]["pool"] == fleet.spec.pool
     assert time.time() - 120 < held[serving]["since"] <= time.time()
+    # one worker of the one pool owns it on the ring: the one the gateway routed every request to
+    assert answer["placed_on"] == {fleet.spec.pool: serving}
     table = lpx(env, "adapter", "where", f"{tenant['name']}/support")
     assert table.returncode == 0 and serving in table.stdout and "gpu" in table.stdout, table.stderr
 

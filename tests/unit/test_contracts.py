@@ -107,7 +107,7 @@ def test_every_published_subject_lands_in_exactly_one_stream():
         subjects.tenant_tokens("t1", "r1"),
         subjects.RESOLVE,
         subjects.EVAL_CONTEXT,
-        subjects.prewarm("p"),
+        subjects.worker_load("p", "w1"),
     )
     for ephemeral in ephemerals:
         assert not any(_covers(p, ephemeral) for s in subjects.STREAMS for p in s.subjects), ephemeral

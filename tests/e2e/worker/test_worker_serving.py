@@ -254,23 +254,34 @@ async def test_heartbeats_show_the_worker_and_vanish_when_it_dies(make_worker, c
         await kv.get("w-beat")
 
 
-async def test_prewarm_from_the_hot_list_loads_before_traffic(make_worker, client, connections, noise):
+async def test_placement_fetches_the_workers_share_before_traffic(make_worker, client, connections, noise):
+    """Gateways' demand in the bucket: the worker pre-loads the adapters the ring gives it (alone in the
+    pool here: all of them), the two most requested into host RAM, before any request for them."""
     from nats.js.api import KeyValueConfig
 
-    from libs.contracts import PrewarmCommand
+    from libs.contracts import AdapterDemand, DemandEntry
 
     try:
-        kv = await client.js.key_value(subjects.HOT_ADAPTERS_BUCKET)
+        kv = await client.js.key_value(subjects.ADAPTER_DEMAND_BUCKET)
     except Exception:
-        kv = await client.js.create_key_value(KeyValueConfig(bucket=subjects.HOT_ADAPTERS_BUCKET))
+        kv = await client.js.create_key_value(KeyValueConfig(bucket=subjects.ADAPTER_DEMAND_BUCKET))
     hot = [noise[3].ref, noise[4].ref]
-    await kv.put(POOL, PrewarmCommand(pool=POOL, adapters=hot).model_dump_json().encode())
-    worker = await make_worker("w-warm", prewarm_top_n=2)
+    for gateway, refs in (("g0", hot), ("g1", hot[1:])):
+        entries = [DemandEntry(ref=r, requests=10.0 - i) for i, r in enumerate(refs)]
+        demand = AdapterDemand(pool=POOL, gateway_id=gateway, adapters=entries, half_life_s=600)
+        await kv.put(subjects.demand_key(POOL, gateway), demand.model_dump_json().encode())
+    worker = await make_worker("w-warm", placement_host_ram_top=2, placement_interval_s=0.5)
+    deadline = asyncio.get_running_loop().time() + 30
+    while worker.placement.stats.resident < 2 or worker.placement.stats.backlog:
+        assert asyncio.get_running_loop().time() < deadline, worker.placement.stats
+        await asyncio.sleep(0.2)
     assert all(worker.tiers.disk.contains(ref.digest) for ref in hot)
+    assert worker.placement.plan.owned[0] == noise[4].ref  # 9 + 10 requests over two gateways
     rid = await client.send("w-warm", noise[4], Q1, max_tokens=4)
     result = (await client.wait([rid]))[rid]
     assert result.ok and result.adapter_tier in (AdapterTier.GPU, AdapterTier.CPU)
-    await kv.delete(POOL)
+    for gateway in ("g0", "g1"):
+        await kv.delete(subjects.demand_key(POOL, gateway))
 
 
 def test_adapter_ref_is_content_addressed(tones):

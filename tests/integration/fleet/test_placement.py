@@ -1,0 +1,110 @@
+"""Placement with the real services (simulated engines): the session stack, the registry in-process,
+a gateway process and simulated worker processes.
+
+- A version activated while the pool runs is on its ring owner's disk before its first request, and
+  that request is not served from the object store.
+- The gateway's demand reaches the workers: a worker that joins fetches exactly its new share of the
+  requested adapters (the moved share) and the others fetch nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+import pytest
+
+from libs.contracts import AdapterTier
+from libs.fleetview.sources import read_heartbeats
+from libs.routing import HashRing
+from tests.integration.fleet.conftest import POOL, push_many
+
+pytestmark = pytest.mark.integration  # simulated engines: no vLLM
+
+FAST = {"LPX_WORKER_PLACEMENT_INTERVAL_S": "0.5", "LPX_WORKER_PLACEMENT_FETCH_PER_S": "50"}
+
+
+async def _resident(js) -> dict[str, set[str]]:
+    """Per live worker of the fleet's pool: every digest it holds, whatever the tier."""
+    beats = (await read_heartbeats(js)).beats
+    return {w: {d for ds in b.adapters.values() for d in ds} for w, b in beats.items() if b.pool == POOL}
+
+
+async def _until(predicate, what: str, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await predicate()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s:.0f}s"
+        await asyncio.sleep(0.25)
+
+
+async def _ask(url: str, key: str, aliases: list[str]) -> None:
+    async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
+        for alias in aliases:
+            body = {"model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            reply = await http.post(f"{url}/v1/chat/completions", json=body)
+            assert reply.status_code == 200, reply.text
+
+
+async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
+    fleet, fleet_tenant, connections, gateway_registry, base_model_path
+):
+    from libs.client import LoraplexClient
+    from tests.adapters import tiny_adapters
+
+    url = fleet.start_gateway("gw-0", {"LPX_GATEWAY_DEMAND_PUBLISH_S": "0.5"})
+    workers = [f"sim-{i}" for i in range(3)]
+    for worker in workers:
+        fleet.start_worker(worker, FAST)
+    await fleet.wait_ready(len(workers))
+    await asyncio.sleep(2.0)  # every worker adopted the 3-worker ring (a change is adopted on its second sight)
+    ring = HashRing(workers)
+
+    async with LoraplexClient(connections.nats_url, api_key=fleet_tenant.key) as client:
+        # 1. Versions activated now: each is fetched by its owner at once, before anyone asks for it.
+        paths = (await asyncio.to_thread(tiny_adapters, base_model_path, 106))[100:]
+        tenant = f"place-{uuid.uuid4().hex[:6]}"
+        key = await gateway_registry.create_tenant(tenant)
+        fresh = await push_many(gateway_registry, tenant, paths)
+
+        async def on_owners():
+            held = await _resident(client.js)
+            return all(digest in held.get(ring.primary(digest), set()) for digest in fresh.values())
+
+        await _until(on_owners, "every activated version on its owner's disk", 20)
+        held = await _resident(client.js)
+        for digest in fresh.values():  # and only there
+            assert [w for w in workers if digest in held.get(w, set())] == [ring.primary(digest)]
+        await _ask(url, key, sorted(fresh))
+
+        async def hits():
+            beats = (await read_heartbeats(client.js)).beats
+            tiers = [b.tier_hits for w, b in beats.items() if w in workers]
+            return tiers if sum(sum(t.values()) for t in tiers) >= len(fresh) else None
+
+        tier_hits = await _until(hits, "the requests counted in the beats", 10)
+        assert sum(t.get(AdapterTier.OBJECT_STORE, 0) for t in tier_hits) == 0, tier_hits
+
+        # 2. Demand: the fleet tenant's adapters are asked for once each; then a fourth worker joins.
+        await _ask(url, fleet_tenant.key, sorted(fleet_tenant.aliases))
+        await asyncio.sleep(1.5)  # the gateway publishes its counts
+        before = await _resident(client.js)
+        fleet.start_worker("sim-3", FAST)
+        await fleet.wait_ready(4)
+        grown = HashRing([*workers, "sim-3"])
+        asked = set(fleet_tenant.aliases.values()) | set(fresh.values())
+        moved = {d for d in asked if grown.primary(d) == "sim-3"}
+        assert len(moved) > 10  # about a quarter of 106
+
+        async def joined():
+            held = await _resident(client.js)
+            return held if moved <= held.get("sim-3", set()) else None
+
+        held = await _until(joined, "the joining worker holding its share", 30)
+        assert held["sim-3"] == moved  # its share, nothing else: fetched bytes = the moved share
+        for worker in workers:  # the others fetched nothing new
+            assert held[worker] <= before[worker], worker

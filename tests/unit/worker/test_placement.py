@@ -1,0 +1,94 @@
+"""Placement's plan (pure): the worker's share is exactly what the gateways' router sends it, most
+requested first, within the disk budget; a join moves about 1/n of the adapters and nothing else."""
+
+from __future__ import annotations
+
+import hashlib
+
+from libs.contracts import AdapterDemand, AdapterRef, DemandEntry
+from libs.routing import BoundedLoadRouter
+from services.worker.placement import UNKNOWN_SIZE_BYTES, make_plan, merge_demand
+
+BASE = "smollm2-135m"
+
+
+def ref(i: int, *, rank: int = 16, base: str = BASE, size: int = 1000) -> AdapterRef:
+    digest = hashlib.sha256(f"adapter-{i}".encode()).hexdigest()
+    return AdapterRef(digest=digest, object_key=f"adapters/{digest}/", base_model=base, rank=rank, size_bytes=size)
+
+
+def demand_of(refs: list[AdapterRef]) -> dict[str, tuple[AdapterRef, float]]:
+    return {r.digest: (r, float(len(refs) - i)) for i, r in enumerate(refs)}  # the first most requested
+
+
+WORKERS = ("w0", "w1", "w2", "w3")
+
+
+def plan(me: str, members=WORKERS, demand=None, budget=10**9, **kw):
+    refs = [ref(i) for i in range(400)]
+    return make_plan(
+        me, members, demand or demand_of(refs), base_model=kw.get("base", BASE), max_rank=16, budget_bytes=budget
+    )
+
+
+def test_each_adapter_is_owned_by_exactly_the_worker_the_router_sends_it_to():
+    router = BoundedLoadRouter(workers=WORKERS)
+    shares = {w: {r.digest for r in plan(w).owned} for w in WORKERS}
+    every = set().union(*shares.values())
+    assert len(every) == 400 and sum(len(s) for s in shares.values()) == 400  # a partition
+    for worker, share in shares.items():
+        assert all(router.primary(digest) == worker for digest in share)
+        assert 60 < len(share) < 140  # about a quarter each
+
+
+def test_most_requested_first_and_the_budget_bounds_what_is_kept():
+    full = plan("w1")
+    counts = demand_of([ref(i) for i in range(400)])
+    assert [counts[r.digest][1] for r in full.owned] == sorted((counts[r.digest][1] for r in full.owned), reverse=True)
+    tight = plan("w1", budget=10_000)  # ten adapters of 1,000 bytes
+    assert tight.kept == full.owned[:10] and tight.shortfall == len(full.owned) - 10
+
+
+def test_an_adapter_of_unknown_size_counts_as_one_mebibyte():
+    unknown = ref(1, size=0)
+    got = make_plan("w0", ("w0",), {unknown.digest: (unknown, 1.0)}, base_model=BASE, max_rank=16, budget_bytes=10)
+    assert got.kept == () and got.shortfall == 1
+    got = make_plan(
+        "w0", ("w0",), {unknown.digest: (unknown, 1.0)}, base_model=BASE, max_rank=16, budget_bytes=UNKNOWN_SIZE_BYTES
+    )
+    assert got.kept == (unknown,)
+
+
+def test_other_bases_and_ranks_above_the_pool_are_not_placed():
+    mine = [ref(1, base="other-model"), ref(2, rank=64), ref(3)]
+    got = make_plan("w0", ("w0",), demand_of(mine), base_model=BASE, max_rank=16, budget_bytes=10**9)
+    assert got.owned == (mine[2],)
+
+
+def test_a_worker_that_joins_takes_about_a_fifth_and_nobody_else_fetches_anything():
+    before = {w: {r.digest for r in plan(w).owned} for w in WORKERS}
+    grown = (*WORKERS, "w4")
+    after = {w: {r.digest for r in plan(w, members=grown).owned} for w in grown}
+    for worker in WORKERS:  # the old members only lose adapters: nothing new to fetch
+        assert after[worker] <= before[worker]
+    moved = len(after["w4"])
+    assert 40 < moved < 130  # about 400 / 5
+
+
+def test_a_worker_not_in_the_ring_owns_nothing():
+    assert plan("w9").owned == ()
+
+
+def test_demand_from_every_gateway_adds_up():
+    a, b = ref(1), ref(2)
+    values = [
+        AdapterDemand(pool="p", gateway_id="g0", adapters=[DemandEntry(ref=a, requests=3)], half_life_s=60),
+        AdapterDemand(
+            pool="p",
+            gateway_id="g1",
+            adapters=[DemandEntry(ref=a, requests=2), DemandEntry(ref=b, requests=4)],
+            half_life_s=60,
+        ),
+    ]
+    merged = merge_demand(values)
+    assert merged[a.digest] == (a, 5.0) and merged[b.digest] == (b, 4.0)
