@@ -1,17 +1,23 @@
 """The registry's HTTP admin API (FastAPI; OpenAPI docs at /docs and /openapi.json): the app, assembled
 from one routes module per resource (services/registry/routes/).
 
-Every /v1 route needs `Authorization: Bearer <admin token>` except resolution, which also accepts the
-tenant's own API key. Errors are JSON `{"error": <code>, "detail": <message>}` with a 4xx status
+Every /v1 route needs `Authorization: Bearer <credential>`: the bootstrap admin token of the settings,
+or a registry credential (services/registry/credentials.py) of the admin scope or of the maintainer
+scope of the tenant the route acts on; resolution also accepts the tenant's own API key. Every change
+of state is recorded in the audit trail with the request id (`X-Request-ID`, or one made here and
+answered in that header). Errors are JSON `{"error": <code>, "detail": <message>}` with a 4xx status
 (503 when the database is unavailable).
 """
 
 from __future__ import annotations
 
+import re
+import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 
+from services.registry import audit
 from services.registry.context import FaultHooks
 from services.registry.errors import TooLarge
 from services.registry.http_errors import error_response, install_error_handlers
@@ -26,7 +32,11 @@ from services.registry.routes import (
     migrations,
     resolve,
     tenants,
+    tokens,
     usage,
+)
+from services.registry.routes import (
+    audit as audit_routes,
 )
 from services.registry.service import RegistryService
 from services.registry.settings import RegistrySettings
@@ -43,8 +53,11 @@ ROUTERS = (
     aliases,
     datasets,
     migrations,
+    tokens,
+    audit_routes,
     resolve,
 )
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 
 def create_app(settings: RegistrySettings, hooks: FaultHooks | None = None, telemetry=None) -> FastAPI:
@@ -67,6 +80,7 @@ def create_app(settings: RegistrySettings, hooks: FaultHooks | None = None, tele
     app.state.service = service
     install_error_handlers(app)
     app.middleware("http")(_limit_push_size(settings.max_adapter_bytes))
+    app.middleware("http")(_request_id)
     for module in ROUTERS:
         app.include_router(module.router)
     return app
@@ -84,3 +98,14 @@ def _limit_push_size(max_bytes: int):
         return await call_next(request)
 
     return middleware
+
+
+async def _request_id(request: Request, call_next):
+    """The request's id for the audit trail: the caller's X-Request-ID when it is a plain token, else
+    a new one; answered in the same header."""
+    given = request.headers.get("x-request-id", "")
+    request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    audit.set_request_id(request_id)
+    response = await call_next(request)
+    response.headers["X-Request-ID"] = request_id
+    return response

@@ -1,4 +1,4 @@
-"""Adapter versions: push, list, history (admin)."""
+"""Adapter versions: push, list, history (admin, or the tenant's maintainer)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pydantic import BaseModel
 from services.registry import versions
 from services.registry.http_errors import PG_INT_MAX, documented
 from services.registry.models import VersionPublic
-from services.registry.routes.deps import LOOKUP, NAME_DOC, Ctx, Name, admin_router
+from services.registry.routes.deps import LOOKUP, NAME_DOC, Ctx, Name, Who, check_tenant, require_admin, tenant_router
 from services.registry.uploads import spooled_upload
 from services.registry.validation import check_adapter_name, check_name
 
-router: APIRouter = admin_router()
+router: APIRouter = tenant_router()
 PUSH_RESPONSES = {200: {"description": "already registered (idempotent)"}, **documented(404, 409, 413)}
 
 
@@ -31,6 +31,7 @@ async def push(
     adapter: Annotated[str, Form(json_schema_extra=NAME_DOC)],
     base_model: Annotated[str, Form()],
     files: Annotated[list[UploadFile], File()],
+    principal: Who,
     dataset: Annotated[str | None, Form()] = None,
     migration_item: Annotated[int | None, Form(ge=1, le=PG_INT_MAX)] = None,
 ) -> JSONResponse:
@@ -38,6 +39,9 @@ async def push(
     (adapter_config.json and adapter_model.safetensors), optionally `dataset` (the tenant's dataset
     it was trained from: the eval gate evaluates on its eval split). 201 when created, 200 when this
     adapter already has exactly this content."""
+    check_tenant(principal, tenant)
+    if migration_item is not None:
+        await require_admin(principal)  # the trainer's push for a base-model migration
     check_name("tenant", tenant)
     check_adapter_name(adapter)
     with spooled_upload(files, ctx.settings.max_adapter_bytes) as directory:
@@ -55,7 +59,11 @@ async def push(
 
 
 @router.get("/adapters", tags=["adapters"], responses=LOOKUP)
-async def list_adapters(ctx: Ctx, tenant: str | None = Query(None)) -> list:
+async def list_adapters(ctx: Ctx, principal: Who, tenant: str | None = Query(None)) -> list:
+    """Every adapter (a maintainer: its tenant's), or one tenant's."""
+    if not principal.is_admin:
+        tenant = tenant if tenant is not None else principal.tenant
+        check_tenant(principal, tenant)
     async with ctx.sessions() as session:
         return [a.model_dump(mode="json") for a in await versions.list_adapters(session, tenant)]
 

@@ -1,16 +1,16 @@
-"""A tenant's aliases: list, create, show (admin)."""
+"""A tenant's aliases: list, create, show (admin, or the tenant's maintainer)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from services.registry import aliases, versions
+from services.registry import aliases, audit, versions
 from services.registry.db import transaction
 from services.registry.models import AliasPublic, VersionPublic
-from services.registry.routes.deps import CHANGES, LOOKUP, Ctx, Name, admin_router, name_field
+from services.registry.routes.deps import CHANGES, LOOKUP, Ctx, Name, name_field, tenant_router
 
-router: APIRouter = admin_router()
+router: APIRouter = tenant_router()
 
 
 class AliasCreate(BaseModel):
@@ -29,6 +29,7 @@ async def create_alias(tenant: Name, body: AliasCreate, ctx: Ctx) -> AliasPublic
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, tenant)
         await aliases.add_follow(session, row, await aliases.get_adapter(session, row, body.adapter), body.name)
+        audit.record(session, "alias.created", body.name, tenant=tenant, after={"adapter": body.adapter})
     ctx.wake_relay()
     async with ctx.sessions() as session:
         found = [a for a in await aliases.list_aliases(session, row) if a.name == body.name]

@@ -1,4 +1,4 @@
-"""Base models: register and list (admin)."""
+"""Base models: register and list (the admin scope only)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from libs.models.catalog import BaseModelSpec
-from services.registry import bases
+from services.registry import audit, bases
 from services.registry.db import transaction
 from services.registry.errors import Invalid
 from services.registry.http_errors import documented
@@ -33,6 +33,8 @@ async def register_base(body: BaseModelCreate, ctx: Ctx) -> BaseModelPublic:
         spec = BaseModelSpec(**{**spec.__dict__, "source": body.source})
     async with transaction(ctx.sessions) as session:
         row = await bases.register_base(session, spec)
+        after = {"layers": spec.num_layers, "hidden": spec.hidden_size, "source": spec.source}
+        audit.record(session, "base_model.registered", spec.name, after=after)
     return BaseModelPublic.model_validate(row, from_attributes=True)
 
 

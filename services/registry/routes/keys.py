@@ -1,4 +1,4 @@
-"""A tenant's inference keys and NATS credentials: add, list, revoke (admin)."""
+"""A tenant's inference keys and NATS credentials: add, list, revoke (admin, or the tenant's maintainer)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pydantic import BaseModel, Field
 
 from services.registry import aliases, keys, tenants
 from services.registry.db import transaction
-from services.registry.routes.deps import CHANGES, KEY_ID_PATTERN, LOOKUP, Ctx, Name, admin_router
+from services.registry.routes.deps import CHANGES, KEY_ID_PATTERN, LOOKUP, Ctx, Name, tenant_router
 from services.registry.routes.tenants import TenantCreated
 from services.registry.validation import check_name
 
-router: APIRouter = admin_router()
+router: APIRouter = tenant_router()
 
 
 class ApiKeyPublic(BaseModel):

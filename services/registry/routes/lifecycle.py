@@ -1,18 +1,18 @@
-"""A version's lifecycle: evaluation, activation override, retirement, rollback (admin)."""
+"""A version's lifecycle: evaluation, activation override, retirement, rollback (admin, or the tenant's maintainer)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from services.registry import aliases, lifecycle, versions
+from services.registry import aliases, audit, lifecycle, versions
 from services.registry.context import RegistryContext
 from services.registry.db import transaction
 from services.registry.http_errors import PG_INT_MAX
 from services.registry.models import VersionPublic
-from services.registry.routes.deps import CHANGES, Ctx, Name, VersionNumber, admin_router
+from services.registry.routes.deps import CHANGES, Ctx, Name, VersionNumber, tenant_router
 
-router: APIRouter = admin_router()
+router: APIRouter = tenant_router()
 
 
 class OverrideRequest(BaseModel):
@@ -41,13 +41,19 @@ async def rollback(tenant: Name, adapter: Name, body: RollbackRequest, ctx: Ctx)
         return await versions.show_alias(session, tenant, aliases.pinned_name(adapter, number))
 
 
-async def _transition(ctx: RegistryContext, tenant: str, adapter: str, number: int, apply) -> VersionPublic:
+async def _transition(
+    ctx: RegistryContext, action: str, tenant: str, adapter: str, number: int, apply
+) -> VersionPublic:
     async with transaction(ctx.sessions) as session:
         alias = await aliases.find_alias(
             session, await aliases.get_tenant(session, tenant), aliases.pinned_name(adapter, number)
         )
         vctx = await lifecycle.load_version(session, alias.version_id)
+        before = {"status": vctx.version.status}
         await apply(session, vctx)
+        after = {"status": vctx.version.status, "reason": vctx.version.status_reason}
+        target = aliases.pinned_name(adapter, number)
+        audit.record(session, f"version.{action}", target, tenant=tenant, before=before, after=after)
     ctx.wake_relay()
     return await versions.show_version(ctx, alias.version_id)
 
@@ -58,7 +64,7 @@ VERSION = "/tenants/{tenant}/adapters/{adapter}/versions/{number}"
 @router.post(f"{VERSION}/evaluating", tags=["lifecycle"], responses=CHANGES)
 async def begin_evaluation(tenant: Name, adapter: Name, number: VersionNumber, ctx: Ctx) -> VersionPublic:
     """The eval gate announces that it started on this version (optional: a verdict implies it)."""
-    return await _transition(ctx, tenant, adapter, number, lifecycle.begin_evaluation)
+    return await _transition(ctx, "evaluating", tenant, adapter, number, lifecycle.begin_evaluation)
 
 
 @router.post(f"{VERSION}/evaluate", tags=["lifecycle"], responses=CHANGES)
@@ -70,7 +76,7 @@ async def request_evaluation(
     async def apply(session, vctx):
         await lifecycle.request_evaluation(session, vctx, body.requested_by)
 
-    return await _transition(ctx, tenant, adapter, number, apply)
+    return await _transition(ctx, "evaluation_requested", tenant, adapter, number, apply)
 
 
 @router.post(f"{VERSION}/activate", tags=["lifecycle"], responses=CHANGES)
@@ -84,7 +90,7 @@ async def override_activate(
     async def apply(session, vctx):
         await lifecycle.activate(session, vctx, override=override)
 
-    return await _transition(ctx, tenant, adapter, number, apply)
+    return await _transition(ctx, "activated", tenant, adapter, number, apply)
 
 
 @router.post(f"{VERSION}/retire", tags=["lifecycle"], responses=CHANGES)
@@ -92,4 +98,4 @@ async def retire(tenant: Name, adapter: Name, number: VersionNumber, body: Retir
     async def apply(session, vctx):
         await lifecycle.retire(session, vctx, body.reason)
 
-    return await _transition(ctx, tenant, adapter, number, apply)
+    return await _transition(ctx, "retired", tenant, adapter, number, apply)

@@ -1,4 +1,4 @@
-"""Base-model migrations (admin) and the orphan sweep."""
+"""Base-model migrations and the orphan sweep (the admin scope only)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from services.registry import base_migrations, orphans
+from services.registry import audit, base_migrations, orphans
 from services.registry.db import transaction
 from services.registry.http_errors import PG_INT_MAX
 from services.registry.routes.deps import CHANGES, LOOKUP, Ctx, admin_router
@@ -45,6 +45,8 @@ async def start_migration(body: MigrationCreate, ctx: Ctx) -> base_migrations.Mi
         migration = await base_migrations.start(
             session, from_base=body.from_base, to_base=body.to_base, recipe=recipe, requested_by=body.requested_by
         )
+        after = {"from_base": body.from_base, "to_base": body.to_base, "steps": body.steps}
+        audit.record(session, "migration.started", str(migration.id), after=after)
     ctx.wake_relay()
     async with ctx.sessions() as session:
         return await base_migrations.status(session, migration.id)
@@ -69,6 +71,8 @@ async def migration_item_failed(
     """The trainer reports that an item's training failed (the tenant stays on the old base)."""
     async with transaction(ctx.sessions) as session:
         await base_migrations.fail_item(session, migration_id, item_id, body.reason)
+        target = f"{migration_id}/items/{item_id}"
+        audit.record(session, "migration.item_failed", target, after={"reason": body.reason})
     return {"ok": True}
 
 

@@ -1,4 +1,4 @@
-"""Resolution: (tenant, alias) -> the active version (the admin token or the tenant's API key)."""
+"""Resolution: (tenant, alias) -> the active version (an admin, the tenant's maintainer or its API key)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from fastapi import APIRouter, Header
 from pydantic import BaseModel
 
 from libs.contracts import AdapterRef
-from services.registry import aliases, tenants
+from services.registry import aliases, keys, tenants
 from services.registry.http_errors import documented
-from services.registry.routes.deps import Ctx, Name, bearer, is_admin
+from services.registry.routes.deps import Ctx, Name, bearer, check_tenant, principal_of
 
-router = APIRouter(prefix="/v1", tags=["resolve"], responses=documented(400, 401, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["resolve"], responses=documented(400, 401, 403, 404, 422, 503))
 
 
 class Resolution(BaseModel):
@@ -28,9 +28,12 @@ async def resolve(
     tenant: Name, alias: Name, ctx: Ctx, authorization: Annotated[str | None, Header()] = None
 ) -> Resolution:
     """(tenant, alias) -> the active version's digest, object key, base model and rank."""
+    given = bearer(authorization) or ""
+    if keys.parse(given) is None:  # not a tenant API key: an admin or the tenant's maintainer
+        check_tenant(await principal_of(ctx, authorization), tenant)
     async with ctx.sessions() as session:
-        if not is_admin(ctx, authorization):
-            await tenants.authenticate(session, tenant, bearer(authorization) or "")
+        if keys.parse(given) is not None:
+            await tenants.authenticate(session, tenant, given)
         found = await aliases.resolve(session, tenant, alias)
     return Resolution(
         tenant=found.tenant, alias=found.alias, adapter=found.adapter, version=found.version, ref=found.ref

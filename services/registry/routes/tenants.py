@@ -1,4 +1,4 @@
-"""Tenants: create, list, update, limits (admin)."""
+"""Tenants: create, list, update, limits (the admin scope only)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from libs.contracts import TenantLimits
-from services.registry import aliases, tenants
+from services.registry import aliases, audit, tenants
 from services.registry.db import transaction
 from services.registry.http_errors import documented
 from services.registry.models import TenantPublic
@@ -49,7 +49,9 @@ async def list_tenants(ctx: Ctx) -> list[TenantPublic]:
 async def update_tenant(tenant: Name, body: TenantUpdate, ctx: Ctx) -> TenantPublic:
     async with transaction(ctx.sessions) as session:
         row = await aliases.get_tenant(session, check_name("tenant", tenant))
+        before = {"eval_threshold": row.eval_threshold}
         row.eval_threshold = body.eval_threshold
+        audit.record(session, "tenant.updated", tenant, tenant=tenant, before=before, after=body.model_dump())
         session.add(row)
         await session.flush()
         return TenantPublic.model_validate(row, from_attributes=True)

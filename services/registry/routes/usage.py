@@ -1,4 +1,4 @@
-"""A tenant's metered usage and its estimated cost (admin)."""
+"""A tenant's metered usage and its estimated cost (admin, or the tenant's maintainer)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pydantic import BaseModel, Field
 
 from services.registry import aliases, usage
 from services.registry.cost import cost_basis
-from services.registry.routes.deps import LOOKUP, Ctx, Name, admin_router
+from services.registry.routes.deps import LOOKUP, Ctx, Name, tenant_router
 from services.registry.validation import check_name
 
-router: APIRouter = admin_router()
+router: APIRouter = tenant_router()
 
 
 class UsageRowPublic(BaseModel):
