@@ -206,3 +206,27 @@ async def test_an_admin_credential_acts_like_the_bootstrap_token_and_is_named_in
     assert trail[2]["before"]["rps"] is None and trail[2]["after"]["rps"] == 5
     maintainer = await client.post("/v1/tokens", json={"name": "m", "scope": "maintainer"}, headers=ops)
     assert maintainer.status_code == 422 and maintainer.json()["error"] == "bad_scope"  # it names its tenant
+
+
+async def test_the_gates_verdict_is_recorded_as_the_eval_gate(registry, good_adapter):
+    from libs.contracts import EvaluationResult
+    from services.registry import eval_events
+
+    tenant = f"gate-{uuid.uuid4().hex[:6]}"
+    await registry.create_tenant(tenant)
+    pushed = await registry.push(tenant, "support", good_adapter)
+    assert pushed.status_code == 201, pushed.text
+    verdict = EvaluationResult(
+        digest=pushed.json()["version"]["digest"], passed=True, tenant=tenant, adapter="support", version=1
+    )
+    assert (await eval_events.apply_verdict(registry.ctx, verdict)).applied == [1]
+    trail = (await registry.client.get("/v1/audit", params={"tenant": tenant})).json()
+    last = trail[-1]
+    assert (last["action"], last["actor"], last["scope"], last["target"]) == (
+        "version.verdict",
+        "eval-gate",
+        "service",
+        "support-v1",
+    )
+    assert last["before"] == {"status": "pending"} and last["after"]["status"] == "active"
+    assert last["after"]["passed"] is True and last["request_id"] == verdict.event_id
