@@ -78,4 +78,10 @@ async def migration_item_failed(
 
 @router.post("/admin/sweep-orphans", tags=["maintenance"])
 async def sweep(ctx: Ctx, grace_s: float | None = Query(None, ge=0, le=10 * 365 * 24 * 3600)) -> dict:
-    return {"swept": await orphans.sweep_orphans(ctx, grace_s)}
+    """Delete stored adapter objects no version refers to (older than the grace period); the sweep is
+    recorded in the audit trail after the deletions (objects are not transactional)."""
+    swept = await orphans.sweep_orphans(ctx, grace_s)
+    if swept:
+        async with transaction(ctx.sessions) as session:
+            audit.record(session, "objects.swept", "adapters", after={"digests": swept})
+    return {"swept": swept}
