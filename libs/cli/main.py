@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from libs.cli import (
+    access_cmds,
     dataset_cmds,
     demo,
     eval_cmds,
@@ -39,6 +40,7 @@ for module in (
     plan,
     simulate,
     registry_cmds,
+    access_cmds,
     eval_cmds,
     dataset_cmds,
     train_cmds,

@@ -1,7 +1,9 @@
 """`lpx tenant|adapter|base ...`: the registry's admin CLI, a thin client of its HTTP API.
 
-The registry is found at LPX_REGISTRY_URL (default http://127.0.0.1:8100) and admin calls carry
-LPX_REGISTRY_ADMIN_TOKEN; both may also come from the stack env file. Refusals print the registry's
+The registry is found at LPX_REGISTRY_URL (default http://127.0.0.1:8100) and calls carry
+LPX_REGISTRY_TOKEN (a registry credential from `lpx tenant token create`: an admin's, or a tenant
+maintainer's) or else LPX_REGISTRY_ADMIN_TOKEN (the bootstrap admin token); they may also come from the
+stack env file. Refusals print the registry's
 own reason and exit with status 1.
 """
 
@@ -41,15 +43,18 @@ class RegistryClientSettings(BaseSettings):
 
     url: str = "http://127.0.0.1:8100"
     admin_token: SecretStr | None = None
+    # A registry credential (admin or a tenant's maintainer scope): wins over the admin token.
+    token: SecretStr | None = None
     timeout_s: float = 120.0
 
 
 def registry_settings() -> tuple[RegistryClientSettings, dict[str, str]]:
-    """The registry's client settings and the admin headers: the local stack's settings, then what
-    `lpx up` wrote (the registry's URL and admin token); the real environment wins over both."""
+    """The registry's client settings and the credential's headers: the local stack's settings, then
+    what `lpx up` wrote (the registry's URL and admin token); the real environment wins over both."""
     env_files = tuple(path for path in (stack_env_file(), platform_env_file()) if path.is_file())
     settings = RegistryClientSettings(_env_file=env_files or None)
-    headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"} if settings.admin_token else {}
+    credential = settings.token or settings.admin_token
+    headers = {"Authorization": f"Bearer {credential.get_secret_value()}"} if credential else {}
     return settings, headers
 
 

@@ -13,7 +13,7 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from libs.contracts import AdapterEventKind, AdapterRef
-from services.registry import lifecycle
+from services.registry import audit, lifecycle
 from services.registry.errors import Conflict, NotFound
 from services.registry.models import Adapter, AdapterVersion, Alias, AliasKind, AliasPublic, Tenant, VersionStatus
 from services.registry.outbox import enqueue
@@ -139,6 +139,14 @@ async def rollback(session: AsyncSession, tenant: Tenant, adapter_name: str, to_
         )
     ctx = await lifecycle.load_version(session, target.id)
     await lifecycle.point_follow_aliases(session, ctx, reason=f"rollback from version {current.number}")
+    audit.record(
+        session,
+        "adapter.rolled_back",
+        adapter_name,
+        tenant=tenant.name,
+        before={"version": current.number},
+        after={"version": target.number},
+    )
     return target.number
 
 

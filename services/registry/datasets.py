@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from libs.datasets import DatasetInvalid, ParsedDataset, parse_file
 from libs.hashing import file_sha256
 from libs.objectstore import dataset_key
-from services.registry import aliases
+from services.registry import aliases, audit
 from services.registry.context import RegistryContext
 from services.registry.db import transaction
 from services.registry.errors import Conflict, Invalid
@@ -86,6 +86,8 @@ async def store_dataset(ctx: RegistryContext, tenant: str, name: str, path: Path
             eval_cases=len(parsed.eval),
         )
         session.add(row)
+        after = {"digest": digest, "examples": parsed.lines, "eval_cases": len(parsed.eval)}
+        audit.record(session, "dataset.stored", name, tenant=tenant, after=after)
     return _public(row, tenant)
 
 

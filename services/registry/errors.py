@@ -46,3 +46,10 @@ class Unauthorized(RegistryError):
 class Unavailable(RegistryError):
     status = 503
     code = "unavailable"
+
+
+class Forbidden(RegistryError):
+    """A valid credential without the right to this action (wrong scope, another tenant)."""
+
+    status = 403
+    code = "forbidden"

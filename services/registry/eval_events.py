@@ -21,13 +21,14 @@ from pydantic import ValidationError
 
 from libs.bus.consumer import PullConsumer, durable_pull
 from libs.contracts import EvaluationResult, subjects
-from services.registry import lifecycle, versions
+from services.registry import audit, lifecycle, versions
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable, transaction
 from services.registry.deadletters import DeadLetters
 
 log = logging.getLogger(__name__)
 RETRY_DELAY_S = 2.0
+EVAL_GATE = audit.Actor("eval-gate", audit.SERVICE)  # who a verdict read from NATS is recorded as
 
 
 @dataclass
@@ -49,6 +50,7 @@ async def apply_verdict(ctx: RegistryContext, result: EvaluationResult) -> Verdi
             elif vctx.version.status not in lifecycle.AWAITING_VERDICT:
                 outcome.refused.append(f"{label} is already {vctx.version.status}")
             else:
+                before = {"status": vctx.version.status}
                 await lifecycle.record_verdict(
                     session,
                     vctx,
@@ -57,6 +59,12 @@ async def apply_verdict(ctx: RegistryContext, result: EvaluationResult) -> Verdi
                     report=result.report,
                     eval_event_id=result.event_id,
                 )
+                after = {"status": vctx.version.status, "passed": result.passed, "reason": result.reason}
+                with audit.acting(EVAL_GATE, request_id=result.event_id):
+                    target = f"{vctx.adapter.name}-v{vctx.version.number}"
+                    audit.record(
+                        session, "version.verdict", target, tenant=vctx.tenant.name, before=before, after=after
+                    )
                 outcome.applied.append(vctx.version.number)
     if not ids:
         outcome.refused.append(f"no version with digest {result.digest[:12]} matches this result")

@@ -32,7 +32,8 @@ class ErrorBody(BaseModel):
 
 _DESCRIPTIONS = {
     400: "the request could not be read (malformed JSON or form)",
-    401: "no or a wrong admin token (or tenant API key where one is accepted)",
+    401: "no, a wrong, an expired or a revoked credential (or a tenant API key where none is accepted)",
+    403: "a valid credential without the right to this: the admin scope needed, or another tenant's",
     404: "no such tenant, adapter, version, alias, dataset or migration",
     409: "conflicts with the current state (a name taken, a transition not allowed)",
     413: "the upload is over the registry's size limit",

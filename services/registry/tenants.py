@@ -9,7 +9,7 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from libs.contracts import TenantEvent, TenantEventKind, TenantLimits, subjects
-from services.registry import keys, outbox
+from services.registry import audit, keys, outbox
 from services.registry.errors import Conflict, NotFound, Unauthorized
 from services.registry.models import ApiKey, Tenant
 from services.registry.validation import check_name
@@ -26,6 +26,7 @@ async def create_tenant(session: AsyncSession, name: str) -> tuple[Tenant, keys.
         await session.flush()
     except IntegrityError:
         raise Conflict(f"tenant {name!r} already exists", code="tenant_exists") from None
+    audit.record(session, "tenant.created", name, tenant=name, after={"tenant": name})
     return tenant, await add_key(session, tenant)
 
 
@@ -33,6 +34,7 @@ async def add_key(session: AsyncSession, tenant: Tenant, kind: str = keys.INFERE
     new = keys.generate(tenant.name, kind)
     session.add(ApiKey(tenant_id=tenant.id, key_id=new.key_id, key_hash=new.key_hash, kind=kind))
     await session.flush()
+    audit.record(session, "key.created", new.key_id, tenant=tenant.name, after={"kind": kind})
     return new
 
 
@@ -82,10 +84,12 @@ def limits_of(tenant: Tenant) -> TenantLimits:
 async def set_limits(session: AsyncSession, tenant: Tenant, limits: TenantLimits) -> Tenant:
     """Store the tenant's limits (None = the pool default) and tell every gateway (outbox, same
     transaction: the event goes out if and only if the change is committed)."""
+    before = limits_of(tenant).model_dump()
     tenant.rps_limit, tenant.tpm_limit, tenant.concurrency_limit = limits.rps, limits.tpm, limits.concurrency
     tenant.fair_weight = limits.weight
     session.add(tenant)
     await session.flush()
+    audit.record(session, "tenant.limits", tenant.name, tenant=tenant.name, before=before, after=limits.model_dump())
     event = TenantEvent(kind=TenantEventKind.LIMITS_CHANGED, tenant=tenant.name, limits=limits)
     outbox.enqueue_message(session, subjects.tenant_event(event.kind), event, event.event_id)
     return tenant
@@ -106,6 +110,8 @@ async def revoke_key(session: AsyncSession, tenant: Tenant, key_id: str) -> ApiK
         key.revoked_at = datetime.now(UTC)
         session.add(key)
         await session.flush()
+        after = {"kind": key.kind, "revoked_at": key.revoked_at}
+        audit.record(session, "key.revoked", key_id, tenant=tenant.name, before={"revoked_at": None}, after=after)
         event = TenantEvent(kind=TenantEventKind.KEY_REVOKED, tenant=tenant.name, key_id=key_id)
         outbox.enqueue_message(session, subjects.tenant_event(event.kind), event, event.event_id)
     return key

@@ -29,7 +29,7 @@ from libs.contracts import AdapterEventKind
 from libs.lora.format import ADAPTER_FILES, AdapterFiles
 from libs.lora.validate import canonical_dtype
 from libs.objectstore import adapter_prefix
-from services.registry import aliases, base_migrations, lifecycle
+from services.registry import aliases, audit, base_migrations, lifecycle
 from services.registry.bases import get_base, spec_from_row
 from services.registry.context import RegistryContext, digest_lock
 from services.registry.db import is_unavailable, transaction
@@ -174,6 +174,11 @@ async def _insert_version(
         await aliases.add_pinned(session, tenant, adapter, version)
         if migration_item is not None:
             await base_migrations.link_version(session, migration_item, version, tenant)
+        after = {"digest": files.digest, "status": VersionStatus.PENDING, "base_model": base.name, "rank": files.rank}
+        if migration_item is not None:
+            after["migration_item"] = migration_item
+        target = aliases.pinned_name(adapter.name, version.number)
+        audit.record(session, "version.pushed", target, tenant=tenant.name, after=after)
         event_ctx = lifecycle.VersionContext(version, adapter, tenant)
         enqueue(
             session,

@@ -131,7 +131,10 @@ def test_every_app_volume_is_a_path_its_service_uses(compose):
 
 
 def test_http_healthchecks_probe_the_port_and_route_the_service_serves(compose):
-    for name, route_file in (("registry", "services/registry/api.py"), ("gateway", "services/gateway/app.py")):
+    for name, route_file in (
+        ("registry", "services/registry/routes/health.py"),
+        ("gateway", "services/gateway/app.py"),
+    ):
         service = compose["services"][name]
         kind, command = service["healthcheck"]["test"]
         assert kind == "CMD-SHELL"  # podman-compose 1.0.3 (Debian 12) mangles a multi-word CMD list

@@ -13,7 +13,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlmodel import SQLModel
 
-import services.registry.models  # noqa: F401 - registers the tables on SQLModel.metadata
+import services.registry.access_models
+import services.registry.models  # noqa: F401 - these two modules register the tables on SQLModel.metadata
 
 MIGRATION_LOCK = 0x6C70785F726567  # "lpx_reg": any constant bigint shared by every replica
 

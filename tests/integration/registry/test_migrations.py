@@ -26,6 +26,7 @@ async def test_head_matches_the_models(migrated):
     from alembic.migration import MigrationContext
     from sqlmodel import SQLModel
 
+    import services.registry.access_models
     import services.registry.models  # noqa: F401
 
     engine = make_engine(migrated)

@@ -64,6 +64,7 @@ def test_key_parsing():
             bearer_key(header)
         assert info.value.status == 401
     assert KEY not in fingerprint(KEY) and len(fingerprint(KEY)) == 64
+    assert tenant_of("lpxr_0123456789abcdef_" + "ab" * 32) is None  # a registry credential: 401 here
 
 
 @pytest.mark.parametrize(
