@@ -68,7 +68,7 @@ chaos: setup  ## chaos drills on real servers + vLLM (broker restarts, cluster n
 bench: setup  ## benchmarks: tables on screen, JSON + plots in bench-results/
 	$(PY) benchmarks/run_all.py --out bench-results
 
-compose-check: setup  ## compose.yaml end to end under Podman, images built here (infra/compose/check.sh; root; ~10 min, ~15 from nothing)
+compose-check: setup  ## compose.yaml end to end under Podman, images built here (infra/compose/check.sh; root; ~8 min, ~20 when dependency layers rebuild)
 	infra/compose/check.sh
 
 lint: venv  ## the formatter's layout (ruff format --check) and the linter (ruff check)

