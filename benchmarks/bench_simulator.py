@@ -22,7 +22,14 @@ from rich.console import Console
 
 from libs.routing import POLICY_NAMES
 from libs.simulator.config import SimConfig
-from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots
+from libs.simulator.output import (
+    placement_table,
+    run_with_progress,
+    steady_table,
+    storm_table,
+    write_json,
+    write_plots,
+)
 from libs.simulator.runner import OUR_POLICY, Report
 
 REQUIRED_RATIO = 10.0
@@ -72,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(steady_table(report))
     if report.cold_start:
         console.print(storm_table(report))
+    if report.placed:
+        console.print(placement_table(report))
     written = [write_json(report, args.out / "report.json"), *write_plots(report, args.out)]
     console.print("wrote " + ", ".join(str(p) for p in written))
     for name, summary in report.steady.items():

@@ -38,6 +38,12 @@ def simulate_command(
     storm: bool = typer.Option(True, help="Also simulate the cold-start storm after a deploy, with/without prewarm."),
     storm_window_s: float = typer.Option(60.0, min=1.0, help="Seconds of the cold-start storm to measure."),
     prewarm_top: int = typer.Option(100, min=0, help="Adapters prewarmed on every replica in the storm variant."),
+    placement: bool = typer.Option(
+        True, help="Also simulate each replica pre-loading its ring share (the workers' placement), with churn."
+    ),
+    placement_fetch_per_s: float = typer.Option(4.0, min=0.01, help="Placement fetches per second per replica."),
+    placement_successors: int = typer.Option(1, min=1, help="Ring positions of an adapter that pre-load it."),
+    churn_every_s: float = typer.Option(60.0, min=1, help="Placement with churn: a replica leaves, returns."),
     seed: int = typer.Option(0, help="Random seed (the same seed gives the same report)."),
     out: Path = typer.Option(None, help="Directory for report.json and PNG plots."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of tables."),
@@ -48,7 +54,14 @@ def simulate_command(
     from rich.console import Console
 
     from libs.simulator.config import SimConfig
-    from libs.simulator.output import run_with_progress, steady_table, storm_table, write_json, write_plots
+    from libs.simulator.output import (
+        placement_table,
+        run_with_progress,
+        steady_table,
+        storm_table,
+        write_json,
+        write_plots,
+    )
     from libs.simulator.runner import validate_policies
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -76,6 +89,9 @@ def simulate_command(
             balance_factor=balance_factor,
             storm_window_s=storm_window_s,
             prewarm_top=prewarm_top,
+            placement_fetch_per_s=placement_fetch_per_s,
+            placement_successors=placement_successors,
+            churn_every_s=churn_every_s,
             seed=seed,
             **{k: v for k, v in optional.items() if v is not None},
         )
@@ -84,7 +100,7 @@ def simulate_command(
         raise typer.BadParameter(str(exc)) from exc
 
     console = Console(stderr=as_json)
-    report = run_with_progress(config, names, storm, console)
+    report = run_with_progress(config, names, storm, console, placement)
     if out is not None:
         written = [write_json(report, out / "report.json"), *write_plots(report, out)]
         console.print("wrote " + ", ".join(str(p) for p in written))
@@ -94,6 +110,8 @@ def simulate_command(
     console.print(steady_table(report))
     if report.cold_start:
         console.print(storm_table(report))
+    if report.placed:
+        console.print(placement_table(report))
     console.print(f"simulated in {report.wall_s:.1f} s wall time")
 
 

@@ -10,6 +10,14 @@ Life of a request on its replica (chosen by the routing policy at arrival):
   3. decoding takes output_tokens / per-sequence speed, stretched by the batch's adapter mix.
 Load is in-flight requests per replica (steps 1-3), counted when the router assigns the request.
 
+Placement (Scenario.placement, the workers' services/worker/placement.py): from time 0 each replica
+fetches the adapters the ring gives it (the first `placement_successors` of each adapter's ring order),
+most popular first, at `placement_fetch_per_s`, into its host cache up to its capacity. Those fetches
+are not requests' cold loads: a request that finds its adapter there is a host hit. With churn
+(Scenario.churn_every_s) a replica leaves the pool and comes back empty at that period, one at a time:
+the ring moves, every replica fetches the share that moved to it, and the returning replica its whole
+share again, at the same rate.
+
 Simplified: a host -> GPU copy delays only its own request (vLLM stalls the whole step for ~3 ms);
 service time is fixed at admission; there is no prefill phase and no KV-cache pressure.
 """
@@ -28,7 +36,7 @@ from libs.simulator.config import SimConfig
 from libs.simulator.traffic import Traffic, adapter_name
 
 TIER_GPU, TIER_HOST, TIER_COLD = 0, 1, 2
-_COMPLETE, _FETCHED = 0, 1
+_COMPLETE, _FETCHED, _PLACED, _CHURN = 0, 1, 2, 3
 _SKIP_AHEAD_WINDOW = 256
 
 
@@ -38,6 +46,8 @@ class Scenario:
     warmup_s: float
     window_s: float
     prewarm_top: int = 0  # fill every replica's host RAM and engine slots with the top-N adapters first
+    placement: bool = False  # each replica pre-loads its ring share (see the module docstring)
+    churn_every_s: float = 0.0  # with placement: a replica leaves and comes back empty at this period
 
 
 @dataclass
@@ -62,6 +72,7 @@ class RunResult:
     replica_of: list[int]
     adapter_rank: list[int]
     routing_stats: dict = field(default_factory=dict)
+    placement_fetches: int = 0  # adapters fetched by placement (not by a request), over the whole run
     wall_s: float = 0.0
 
 
@@ -117,6 +128,13 @@ class Simulation:
         self.seq = 0
         if scenario.prewarm_top:
             self._prewarm(scenario.prewarm_top)
+        self.placement_fetches = 0
+        self.members = list(names)
+        self.placed_at: dict[int, float] = {}  # replica -> when its placement fetcher is free again
+        if scenario.placement:
+            self._place(0.0)
+            if scenario.churn_every_s > 0:
+                self._push(scenario.churn_every_s, _CHURN, 0)
 
     def _prewarm(self, top: int) -> None:
         hot = self.adapter_ids[:top]
@@ -143,8 +161,12 @@ class Simulation:
             now, _, kind, first, second = pop(heap)
             if kind == _COMPLETE:
                 self._on_complete(first, now)
-            else:
+            elif kind == _FETCHED:
                 self._on_fetched(self.replica_list[first], second, now)
+            elif kind == _PLACED:
+                self._on_placed(self.replica_list[first], second)
+            else:
+                self._on_churn(first, now)
         return self._result()
 
     # Events -------------------------------------------------------------------------------------------
@@ -213,6 +235,55 @@ class Simulation:
         cluster.total_load -= 1
         cluster.adapter_loads[adapter] -= 1
         self._try_start(rep, now)
+
+    # Placement ----------------------------------------------------------------------------------------
+
+    def _place(self, now: float) -> None:
+        """Every member fetches what the ring over the members gives it and it does not hold yet, most
+        popular first, at the placement rate (queued behind what it is still fetching)."""
+        from libs.routing import HashRing
+
+        ring = HashRing(self.members, vnodes=self.config.vnodes)
+        owned: dict[str, list[str]] = {name: [] for name in self.members}
+        for adapter in self.adapter_ids:  # most popular first
+            for name in ring.preference_list(adapter)[: self.config.placement_successors]:
+                owned[name].append(adapter)
+        gap = 1.0 / self.config.placement_fetch_per_s
+        for name, adapters in owned.items():
+            rep = self.cluster.replicas[name]
+            at = max(now, self.placed_at.get(rep.index, now))
+            for adapter in adapters[: self.config.host_capacity]:
+                if adapter in rep.host:
+                    continue
+                at += gap
+                self._push(at, _PLACED, rep.index, adapter)
+            self.placed_at[rep.index] = at
+
+    def _on_placed(self, rep: Replica, adapter: str) -> None:
+        if rep.name not in self.members or adapter in rep.host or adapter in rep.fetching:
+            return
+        self.placement_fetches += 1
+        rep.host[adapter] = None
+        rep.host.move_to_end(adapter, last=False)  # pre-loaded, not used: first to go if room is short
+        if len(rep.host) > self.config.host_capacity:
+            rep.host.popitem(last=False)
+
+    def _on_churn(self, turn: int, now: float) -> None:
+        """Replica `turn` leaves (the ring moves), comes back empty half a period later (it moves back)."""
+        name = self.replica_list[turn % len(self.replica_list)].name
+        if name in self.members:
+            self.members.remove(name)
+            self.policy.set_workers(self.members)
+            rep = self.cluster.replicas[name]
+            rep.host.clear()
+            self.placed_at.pop(rep.index, None)
+            self._place(now)
+            self._push(now + self.scenario.churn_every_s / 2, _CHURN, turn)
+            return
+        self.members.append(name)
+        self.policy.set_workers(self.members)
+        self._place(now)
+        self._push(now + self.scenario.churn_every_s / 2, _CHURN, turn + 1)
 
     # Engine -------------------------------------------------------------------------------------------
 
@@ -312,6 +383,7 @@ class Simulation:
                 if stats is not None
                 else {}
             ),
+            placement_fetches=self.placement_fetches,
         )
 
 

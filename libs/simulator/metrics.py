@@ -53,6 +53,7 @@ def summarise(run: RunResult) -> dict:
         "replicas_serving_hottest_adapter": hottest_spread,
         "replicas_per_adapter_weighted": mean_spread,
         "routing_stats": run.routing_stats,
+        "placement_fetches": run.placement_fetches,
         "cold_loads_per_s": run.cold_loads_per_s,
         "wall_s": run.wall_s,
     }

@@ -105,6 +105,33 @@ def storm_table(report: Report) -> Table:
     return table
 
 
+PLACEMENT_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("cold / 1k: none", "steady", "cold_loads_per_1000", "num"),
+    ("cold / 1k: placed", "placed", "cold_loads_per_1000", "num"),
+    ("cold / 1k: + churn", "placed_churn", "cold_loads_per_1000", "num"),
+    ("p99 s: none", "steady", "latency_p99_s", "num"),
+    ("p99 s: placed", "placed", "latency_p99_s", "num"),
+    ("p99 s: + churn", "placed_churn", "latency_p99_s", "num"),
+    ("placement fetches", "placed", "placement_fetches", "int"),
+    ("  with churn", "placed_churn", "placement_fetches", "int"),
+)
+
+
+def placement_table(report: Report) -> Table:
+    cfg = report.config
+    table = _policy_table(
+        f"Placement: each replica pre-loads its ring share ({cfg.placement_fetch_per_s:g} fetches/s, "
+        f"{cfg.placement_successors} ring position(s)); churn: a replica leaves and returns every "
+        f"{cfg.churn_every_s:g} s",
+        list(report.placed),
+    )
+    for label, scenario, key, kind in PLACEMENT_ROWS:
+        runs = getattr(report, scenario)
+        table.add_row(label, *(_cell(runs[name][key], kind) if name in runs else "-" for name in report.placed))
+    table.caption = "cold = object-store fetches a request waits for, per 1,000 measured requests (after warm-up)"
+    return table
+
+
 def write_json(report: Report, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.to_dict(), indent=2, default=str))
@@ -199,7 +226,7 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def run_with_progress(config, policies, storm: bool, console):
+def run_with_progress(config, policies, storm: bool, console, placement: bool = True):
     """run_comparison behind a progress bar (one step per simulated run); used by the CLI and the bench."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -207,7 +234,11 @@ def run_with_progress(config, policies, storm: bool, console):
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("simulating", total=runs_in(policies, storm))
+        task = bar.add_task("simulating", total=runs_in(policies, storm, placement))
         return run_comparison(
-            config, policies, storm=storm, progress=lambda done: bar.update(task, advance=1, description=done)
+            config,
+            policies,
+            storm=storm,
+            placement=placement,
+            progress=lambda done: bar.update(task, advance=1, description=done),
         )

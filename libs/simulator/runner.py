@@ -25,6 +25,9 @@ class Report:
     steady: dict[str, dict] = field(default_factory=dict)
     cold_start: dict[str, dict] = field(default_factory=dict)
     cold_start_prewarmed: dict[str, dict] = field(default_factory=dict)
+    # Steady state again with each replica pre-loading its ring share, then with a replica churning.
+    placed: dict[str, dict] = field(default_factory=dict)
+    placed_churn: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
 
     def load_ratio(self, baseline: str = BASELINE_POLICY, policy: str = OUR_POLICY) -> float | None:
@@ -44,6 +47,8 @@ class Report:
             "steady": self.steady,
             "cold_start": self.cold_start,
             "cold_start_prewarmed": self.cold_start_prewarmed,
+            "placed": self.placed,
+            "placed_churn": self.placed_churn,
             "loads_ratio_random_over_bounded_load": ratio,
             "wall_s": self.wall_s,
         }
@@ -56,8 +61,12 @@ def validate_policies(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def scenarios(config: SimConfig, storm: bool) -> list[Scenario]:
+def scenarios(config: SimConfig, storm: bool, placement: bool = True) -> list[Scenario]:
     chosen = [Scenario("steady", config.warmup_s, config.duration_s)]
+    if placement:
+        chosen.append(Scenario("placed", config.warmup_s, config.duration_s, placement=True))
+        churn = config.churn_every_s
+        chosen.append(Scenario("placed_churn", config.warmup_s, config.duration_s, placement=True, churn_every_s=churn))
     if storm:
         chosen.append(Scenario("cold_start", 0.0, config.storm_window_s))
         chosen.append(Scenario("cold_start_prewarmed", 0.0, config.storm_window_s, prewarm_top=config.prewarm_top))
@@ -69,10 +78,11 @@ def run_comparison(
     policies: Sequence[str] = POLICY_NAMES,
     storm: bool = True,
     progress: ProgressCallback | None = None,
+    placement: bool = True,
 ) -> Report:
     started = time.perf_counter()
     names = validate_policies(policies)
-    chosen = scenarios(config, storm)
+    chosen = scenarios(config, storm, placement)
     horizon = max(s.warmup_s + s.window_s for s in chosen)
     traffic = make_traffic(config.adapters, config.top_k, config.top_share, config.requests_per_s, horizon, config.seed)
     report = Report(config=config, policies=names, zipf_exponent=traffic.zipf_exponent)
@@ -86,6 +96,6 @@ def run_comparison(
     return report
 
 
-def runs_in(policies: Sequence[str], storm: bool) -> int:
+def runs_in(policies: Sequence[str], storm: bool, placement: bool = True) -> int:
     """How many simulations `run_comparison` performs (for progress bars)."""
-    return len(validate_policies(policies)) * (3 if storm else 1)
+    return len(validate_policies(policies)) * (1 + (2 if storm else 0) + (2 if placement else 0))
