@@ -278,12 +278,17 @@ class Simulation:
             rep.host.clear()
             self.placed_at.pop(rep.index, None)
             self._place(now)
-            self._push(now + self.scenario.churn_every_s / 2, _CHURN, turn)
+            self._next_churn(now, turn)
             return
         self.members.append(name)
         self.policy.set_workers(self.members)
         self._place(now)
-        self._push(now + self.scenario.churn_every_s / 2, _CHURN, turn + 1)
+        self._next_churn(now, turn + 1)
+
+    def _next_churn(self, now: float, turn: int) -> None:
+        at = now + self.scenario.churn_every_s / 2
+        if at < self.end_measure:  # nothing after the run: the event loop ends when the heap is empty
+            self._push(at, _CHURN, turn)
 
     # Engine -------------------------------------------------------------------------------------------
 

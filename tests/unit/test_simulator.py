@@ -173,7 +173,7 @@ def test_same_seed_same_report_and_another_seed_differs():
     def report(seed: int) -> str:
         data = run_comparison(cfg.with_changes(seed=seed), policies).to_dict()
         data.pop("wall_s")
-        for section in ("steady", "cold_start", "cold_start_prewarmed"):
+        for section in ("steady", "cold_start", "cold_start_prewarmed", "placed", "placed_churn"):
             for summary in data[section].values():
                 summary.pop("wall_s")
         return json.dumps(data, sort_keys=True, default=str)
@@ -276,3 +276,28 @@ def test_report_does_not_depend_on_python_hash_randomisation():
         assert done.returncode == 0, done.stderr
         outputs.add(done.stdout)
     assert len(outputs) == 1
+
+
+def test_placement_preloads_the_ring_share_so_ring_routed_requests_are_rarely_cold():
+    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=60.0, placement_fetch_per_s=20.0)
+    traffic = small_traffic(cfg)
+    plain = simulate(cfg, "bounded_load", traffic, steady(cfg))
+    placed = simulate(cfg, "bounded_load", traffic, Scenario("placed", cfg.warmup_s, cfg.duration_s, placement=True))
+    # every replica fetched its share: the 500 adapters once each, but those a request fetched first
+    assert 0.9 * cfg.adapters <= placed.placement_fetches <= cfg.adapters
+    # ... so requests rarely wait on the object store; random routing gains nothing from the ring's share
+    assert placed.cold_loads * 10 < plain.cold_loads
+    assert placed.served_once
+    scattered = simulate(cfg, "random", traffic, Scenario("placed", cfg.warmup_s, cfg.duration_s, placement=True))
+    assert scattered.cold_loads > 5 * placed.cold_loads
+
+
+def test_churn_moves_the_share_and_the_run_still_ends_with_everything_served_once():
+    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=30.0, placement_fetch_per_s=50.0)
+    traffic = small_traffic(cfg)
+    churn = Scenario("placed_churn", cfg.warmup_s, cfg.duration_s, placement=True, churn_every_s=20.0)
+    calm = simulate(cfg, "bounded_load", traffic, Scenario("placed", cfg.warmup_s, cfg.duration_s, placement=True))
+    moved = simulate(cfg, "bounded_load", traffic, churn)
+    assert moved.served_once
+    # each return refetches the returning replica's share and each leave spreads it over the others
+    assert moved.placement_fetches > calm.placement_fetches
