@@ -92,3 +92,48 @@ def test_demand_from_every_gateway_adds_up():
     ]
     merged = merge_demand(values)
     assert merged[a.digest] == (a, 5.0) and merged[b.digest] == (b, 4.0)
+
+
+class FlakyDisk:
+    """The disk tier over an object store that fails the first `failures` fetches."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.held: set[str] = set()
+        self.calls = 0
+
+    def contains(self, digest: str) -> bool:
+        return digest in self.held
+
+    async def get(self, ref: AdapterRef):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError("S3 away")
+        self.held.add(ref.digest)
+
+
+async def test_a_failed_fetch_is_counted_not_cached_and_waits_before_another_try():
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.worker.placement import Placement
+
+    disk = FlakyDisk(failures=1)
+    settings = SimpleNamespace(
+        placement_fetch_per_s=1000.0, placement_host_ram_top=0, base_model=BASE, max_lora_rank=16
+    )
+    placement = Placement(SimpleNamespace(worker_id="w0"), settings, SimpleNamespace(disk=disk))
+    wanted = ref(7)
+    await placement._fetch(wanted)
+    assert placement.stats.failed == 1 and not disk.contains(wanted.digest)  # nothing half-fetched is kept
+    placement._queue = [wanted]
+    fetching = asyncio.create_task(placement._fetch_loop())
+    placement._wake.set()
+    await asyncio.sleep(0.05)
+    assert disk.calls == 1  # backing off: not tried again at once
+    placement._retry_at.clear()  # the backoff is over
+    placement._queue = [wanted]
+    placement._wake.set()
+    await asyncio.sleep(0.05)
+    fetching.cancel()
+    assert disk.contains(wanted.digest) and placement.stats.fetched == 1
