@@ -10,13 +10,7 @@ Life of a request on its replica (chosen by the routing policy at arrival):
   3. decoding takes output_tokens / per-sequence speed, stretched by the batch's adapter mix.
 Load is in-flight requests per replica (steps 1-3), counted when the router assigns the request.
 
-Placement (Scenario.placement, the workers' services/worker/placement.py): from time 0 each replica
-fetches the adapters the ring gives it (the first `placement_successors` of each adapter's ring order),
-most popular first, at `placement_fetch_per_s`, into its host cache up to its capacity. Those fetches
-are not requests' cold loads: a request that finds its adapter there is a host hit. With churn
-(Scenario.churn_every_s) a replica leaves the pool and comes back empty at that period, one at a time:
-the ring moves, every replica fetches the share that moved to it, and the returning replica its whole
-share again, at the same rate.
+Placement and churn: `libs.simulator.placement`.
 
 Simplified: a host -> GPU copy delays only its own request (vLLM stalls the whole step for ~3 ms);
 service time is fixed at admission; there is no prefill phase and no KV-cache pressure.
@@ -33,10 +27,11 @@ from dataclasses import dataclass, field
 from libs.routing import load_bound, make_policy
 from libs.simulator.cluster import ClusterState, Replica, replica_names
 from libs.simulator.config import SimConfig
+from libs.simulator.placement import _CHURN, _PLACED, PlacementEvents
 from libs.simulator.traffic import Traffic, adapter_name
 
 TIER_GPU, TIER_HOST, TIER_COLD = 0, 1, 2
-_COMPLETE, _FETCHED, _PLACED, _CHURN = 0, 1, 2, 3
+_COMPLETE, _FETCHED = 0, 1
 _SKIP_AHEAD_WINDOW = 256
 
 
@@ -76,7 +71,7 @@ class RunResult:
     wall_s: float = 0.0
 
 
-class Simulation:
+class Simulation(PlacementEvents):
     """One policy, one scenario. Per-request state lives in flat lists indexed by request number."""
 
     def __init__(self, config: SimConfig, policy_name: str, traffic: Traffic, scenario: Scenario) -> None:
@@ -235,60 +230,6 @@ class Simulation:
         cluster.total_load -= 1
         cluster.adapter_loads[adapter] -= 1
         self._try_start(rep, now)
-
-    # Placement ----------------------------------------------------------------------------------------
-
-    def _place(self, now: float) -> None:
-        """Every member fetches what the ring over the members gives it and it does not hold yet, most
-        popular first, at the placement rate (queued behind what it is still fetching)."""
-        from libs.routing import HashRing
-
-        ring = HashRing(self.members, vnodes=self.config.vnodes)
-        owned: dict[str, list[str]] = {name: [] for name in self.members}
-        for adapter in self.adapter_ids:  # most popular first
-            for name in ring.preference_list(adapter)[: self.config.placement_successors]:
-                owned[name].append(adapter)
-        gap = 1.0 / self.config.placement_fetch_per_s
-        for name, adapters in owned.items():
-            rep = self.cluster.replicas[name]
-            at = max(now, self.placed_at.get(rep.index, now))
-            for adapter in adapters[: self.config.host_capacity]:
-                if adapter in rep.host:
-                    continue
-                at += gap
-                self._push(at, _PLACED, rep.index, adapter)
-            self.placed_at[rep.index] = at
-
-    def _on_placed(self, rep: Replica, adapter: str) -> None:
-        if rep.name not in self.members or adapter in rep.host or adapter in rep.fetching:
-            return
-        self.placement_fetches += 1
-        rep.host[adapter] = None
-        rep.host.move_to_end(adapter, last=False)  # pre-loaded, not used: first to go if room is short
-        if len(rep.host) > self.config.host_capacity:
-            rep.host.popitem(last=False)
-
-    def _on_churn(self, turn: int, now: float) -> None:
-        """Replica `turn` leaves (the ring moves), comes back empty half a period later (it moves back)."""
-        name = self.replica_list[turn % len(self.replica_list)].name
-        if name in self.members:
-            self.members.remove(name)
-            self.policy.set_workers(self.members)
-            rep = self.cluster.replicas[name]
-            rep.host.clear()
-            self.placed_at.pop(rep.index, None)
-            self._place(now)
-            self._next_churn(now, turn)
-            return
-        self.members.append(name)
-        self.policy.set_workers(self.members)
-        self._place(now)
-        self._next_churn(now, turn + 1)
-
-    def _next_churn(self, now: float, turn: int) -> None:
-        at = now + self.scenario.churn_every_s / 2
-        if at < self.end_measure:  # nothing after the run: the event loop ends when the heap is empty
-            self._push(at, _CHURN, turn)
 
     # Engine -------------------------------------------------------------------------------------------
 
