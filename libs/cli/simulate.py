@@ -41,7 +41,7 @@ def simulate_command(
     placement: bool = typer.Option(
         True, help="Also simulate each replica pre-loading its ring share (the workers' placement), with churn."
     ),
-    placement_fetch_per_s: float = typer.Option(4.0, min=0.01, help="Placement fetches per second per replica."),
+    placement_fetch_per_s: float = typer.Option(10.0, min=0.01, help="Placement fetches per second per replica."),
     placement_successors: int = typer.Option(1, min=1, help="Ring positions of an adapter that pre-load it."),
     churn_every_s: float = typer.Option(60.0, min=1, help="Placement with churn: a replica leaves, returns."),
     seed: int = typer.Option(0, help="Random seed (the same seed gives the same report)."),

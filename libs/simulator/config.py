@@ -53,7 +53,7 @@ class SimConfig:
     prewarm_top: int = 100
     # Placement (the workers' ring-share pre-load): fetches per second per replica, and how many ring
     # positions of each adapter pre-load it (1: its owner only, as the workers do).
-    placement_fetch_per_s: float = 4.0
+    placement_fetch_per_s: float = 10.0
     placement_successors: int = 1
     churn_every_s: float = 60.0  # the churn scenario: a replica leaves, and comes back half a period later
     sample_interval_s: float = 1.0

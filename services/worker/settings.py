@@ -75,7 +75,7 @@ class WorkerSettings(ServiceSettings):
     # the gateways' (LPX_GATEWAY_HEARTBEAT_STALENESS_S): both sides must see the same ring.
     placement: bool = True
     placement_interval_s: float = Field(10.0, gt=0)
-    placement_fetch_per_s: float = Field(4.0, gt=0)
+    placement_fetch_per_s: float = Field(10.0, gt=0)
     placement_disk_share: float = Field(0.8, gt=0, le=1)
     placement_host_ram_top: int = Field(4, ge=0)
     placement_staleness_s: float = Field(10.0, gt=0)
