@@ -14,13 +14,13 @@ dead-letter and de-duplicate over NATS JetStream.
 Why one in-house pull loop rather than FastStream subscribers for the JetStream work queues:
 `benchmarks/bench_consumer.py` runs both on the gateway's submission path (one nats-server, a work
 queue, handlers that wait like a submission waits on its worker), 3 alternations; run
-"bench_consumer, 2026-12-03 19:07 UTC" in benchmarks/RESULTS.md:
+"bench_consumer, 2026-12-03 19:52 UTC, 0f4c450" in benchmarks/RESULTS.md:
 
 | | trickle: publish→handler p50 | burst of 400: p50 | burst throughput |
 |---|---|---|---|
-| `PullConsumer` | 1.1 ms | 378 ms | 282/s |
-| FastStream `PullSub(64)` | 2.0 ms (1.85x) | 7,553 ms (20x) | 30/s (0.10x) |
-| FastStream `PullSub(64)`, `max_workers=64` | 2.5 ms (2.37x) | 354 ms (0.94x: a tie) | 286/s (1.02x: a tie) |
+| `PullConsumer` | 0.9 ms | 382 ms | 290/s |
+| FastStream `PullSub(64)` | 1.8 ms (1.91x) | 7,664 ms (20x) | 30/s (0.10x) |
+| FastStream `PullSub(64)`, `max_workers=64` | 2.2 ms (2.32x) | 360 ms (0.94x: a tie) | 289/s (1.00x: a tie) |
 
 FastStream's default pull loop runs each fetched batch to its end before fetching again, so one long
 generation holds 63 finished places; its concurrent subscriber ties on bursts. What decides is what a
