@@ -269,6 +269,11 @@ class WorkerHeartbeat(Message):
     adapter_requests: dict[str, int] = Field(default_factory=dict)
     # Resident digest -> unix time it entered its current tier (as seen by this worker's beats: +/- one interval).
     adapter_since: dict[str, float] = Field(default_factory=dict)
+    # Placement (services/worker/placement.py): adapters the ring gives it (with demand), those on its disk,
+    # those still to fetch.
+    placement_owned: int = 0
+    placement_resident: int = 0
+    placement_backlog: int = 0
 
 
 class WorkerLoad(Message):

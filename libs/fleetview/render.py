@@ -78,6 +78,7 @@ def _workers(snap: FleetSnapshot) -> RenderableType:
         "gpu slots",
         "cpu",
         "disk",
+        "placed",
         "tok/s",
         "hit % gpu/cpu/disk/s3",
         "beat",
@@ -95,11 +96,20 @@ def _workers(snap: FleetSnapshot) -> RenderableType:
             gpu,
             cpu,
             str(w.disk_adapters),
+            placed(w),
             rate(w.tok_s),
             hits,
             ago(w.beat_age_s),
         )
     return table
+
+
+def placed(w) -> str:
+    """Owned adapters on disk / owned (+ still to fetch): its share of the ring, as placement sees it."""
+    if not w.placement_owned:
+        return "-"
+    backlog = f" +{w.placement_backlog}" if w.placement_backlog else ""
+    return f"{w.placement_resident}/{w.placement_owned}{backlog}"
 
 
 def _pools(snap: FleetSnapshot) -> RenderableType | None:

@@ -57,6 +57,10 @@ class WorkerRow:
     batch_running: int  # running in the engine's batch / what over-share tenants may fill now (0: no share)
     batch_limit: int
     hit_rates: dict[str, float]  # share of the worker's adapter requests found at each tier
+    # Placement: adapters the ring gives this worker (with demand), those on its disk, those still to fetch.
+    placement_owned: int = 0
+    placement_resident: int = 0
+    placement_backlog: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,9 @@ def worker_row(pair: BeatPair, now: float) -> WorkerRow:
         batch_limit=beat.batch_limit,
         tier_hits=hits,
         hit_rates={tier: n / total for tier, n in hits.items()} if total else {},
+        placement_owned=beat.placement_owned,
+        placement_resident=beat.placement_resident,
+        placement_backlog=beat.placement_backlog,
     )
 
 

@@ -12,6 +12,7 @@ from services.worker.batch_share import BatchShare
 from services.worker.heartbeat import DISK_DIGESTS_IN_BEAT, Heartbeater, TierTenure
 from services.worker.hotness import AdapterHotness
 from services.worker.metrics import WorkerMetrics
+from services.worker.placement import PlacementStats
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 GPU, CPU, DISK = AdapterTier.GPU, AdapterTier.CPU, AdapterTier.DISK
@@ -54,6 +55,7 @@ def beating(tiers: FakeTiers, metrics=None, **settings) -> Heartbeater:
         tiers=tiers,
         metrics=metrics or WorkerMetrics.create(MeterProvider().get_meter("test")),
         batch_share=None,
+        placement=SimpleNamespace(stats=PlacementStats()),
     )
     heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
     heartbeater.kv = FakeKV()
@@ -81,6 +83,7 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
         metrics=metrics,
         processor=SimpleNamespace(generated_tokens=1234),
         batch_share=BatchShare(limit=8, protected_limit=5, most=16),
+        placement=SimpleNamespace(stats=PlacementStats(owned=40, resident=31, backlog=9)),
     )
     worker.batch_share.running.update({"flood": 8, "calm": 1})  # a tenant below its share has work
     heartbeater = Heartbeater(link=None, worker=worker, interval_s=1.0, ttl_s=5.0)
@@ -93,6 +96,7 @@ async def test_a_beat_carries_what_top_and_where_need(monkeypatch):
     assert first.adapter_requests == {A: 3, B: 1}
     assert first.adapter_since == {A: 100.0, B: 100.0, C: 100.0}
     assert (first.batch_running, first.batch_limit) == (9, 5)
+    assert (first.placement_owned, first.placement_resident, first.placement_backlog) == (40, 31, 9)
 
     tiers.tiers = {GPU: [A], CPU: [], DISK: [B, C]}  # B left the engine's host cache
     await heartbeater.beat()
