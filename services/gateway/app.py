@@ -265,7 +265,7 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        from services.gateway.openai_api import describe_invalid
+        from services.gateway.openai_requests import describe_invalid
 
         message, param = describe_invalid(exc.errors()[0] if exc.errors() else {})
         return errors.bad_request(message, param).response()

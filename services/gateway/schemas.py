@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class ErrorDetail(BaseModel):
@@ -85,6 +85,52 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: str | None
+
+
+# --- streamed chunks (server-sent events, `data: {chunk}`) ----------------------------------------
+class ChatDelta(BaseModel):
+    """What one chunk adds to the message: the role in the first, then text; an absent key is left out."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(BaseModel):
+    @model_serializer(mode="wrap")
+    def _usage_in_the_last_only(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("usage") is None:
+            data.pop("usage", None)
+        return data
+
+
+class ChatCompletionChunk(_Chunk):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with `stream_options.include_usage`")
+
+
+class CompletionChunk(_Chunk):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with `stream_options.include_usage`")
 
 
 class Model(BaseModel):
