@@ -80,10 +80,13 @@ class Reply:
     def chunk(
         self, text: str | None, finish: str | None, first: bool = False, lps=None
     ) -> ChatCompletionChunk | CompletionChunk:
-        """One streamed chunk: text (the role too in a chat's first), or the finish reason."""
+        """One streamed chunk: text (the role too in a chat's first), or the finish reason. Sent with
+        exclude_unset (schemas.py): every field OpenAI sends, null or not, is set here explicitly."""
         common = dict(id=self.id, created=self.created, model=self.model)
         if self.kind == "chat":
-            delta = ChatDelta(role="assistant" if first else None, content=text)
+            delta = ChatDelta(
+                **({"role": "assistant"} if first else {}), **({"content": text} if text is not None else {})
+            )
             choice = ChatChunkChoice(index=0, delta=delta, logprobs=lps, finish_reason=finish)
             return ChatCompletionChunk(object="chat.completion.chunk", choices=[choice], **common)
         choice = CompletionChoice(index=0, text=text or "", logprobs=lps, finish_reason=finish)

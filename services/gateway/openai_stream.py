@@ -18,7 +18,7 @@ from services.gateway.openai_replies import Reply, record, record_timeline
 
 def _data(doc: BaseModel | dict) -> str:
     if isinstance(doc, BaseModel):
-        doc = doc.model_dump()
+        doc = doc.model_dump(exclude_unset=True)  # a chunk leaves out what OpenAI leaves out (schemas.py)
     return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
 
 

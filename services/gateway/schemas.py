@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field
 
 
 class ErrorDetail(BaseModel):
@@ -88,15 +88,13 @@ class Completion(BaseModel):
 
 
 # --- streamed chunks (server-sent events, `data: {chunk}`) ----------------------------------------
+# A chunk is sent with `model_dump(exclude_unset=True)`: a key OpenAI leaves out (the delta's role after
+# the first chunk, `usage` before the last) is not set, one it sends as null is set to None.
 class ChatDelta(BaseModel):
-    """What one chunk adds to the message: the role in the first, then text; an absent key is left out."""
+    """What one chunk adds to the message: the role in the first, then text."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict:
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):
@@ -106,16 +104,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class _Chunk(BaseModel):
-    @model_serializer(mode="wrap")
-    def _usage_in_the_last_only(self, handler: SerializerFunctionWrapHandler) -> dict:
-        data = handler(self)
-        if data.get("usage") is None:
-            data.pop("usage", None)
-        return data
-
-
-class ChatCompletionChunk(_Chunk):
+class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"]
     created: int
@@ -124,7 +113,7 @@ class ChatCompletionChunk(_Chunk):
     usage: Usage | None = Field(None, description="only in the last chunk, with `stream_options.include_usage`")
 
 
-class CompletionChunk(_Chunk):
+class CompletionChunk(BaseModel):
     id: str
     object: Literal["text_completion"]
     created: int
