@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from libs.stack import procs
+from libs.stack.procs import process_alive  # importable from here as before (tests/e2e/up)
 from libs.stack.provision import provision_streams
 from libs.stack.servers import (
     NatsServer,
@@ -122,7 +123,7 @@ class Stack:
             return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        procs.wait_until(lambda: not procs.process_alive(pid), 10)
+        procs.wait_until(lambda: not process_alive(pid), 10)
         for server in self._servers(state):
             if server.name == name:
                 server.after_stop()  # e.g. weed's leftover sockets, which would block its restart
