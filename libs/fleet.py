@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from libs.stack.launcher import process_alive as alive
+from libs.stack.procs import process_alive as alive
 
 
 def free_port() -> int:

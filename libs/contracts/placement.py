@@ -7,7 +7,7 @@ import time
 
 from pydantic import Field
 
-from libs.contracts.messages import AdapterRef, Message
+from libs.contracts.base import AdapterRef, Message
 
 __all__ = ["AdapterDemand", "DemandEntry", "MAX_DEMAND_ENTRIES"]
 

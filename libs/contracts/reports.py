@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from libs.contracts.messages import DatasetRef
+from libs.contracts.training import DatasetRef
 
 CheckName = Literal["integrity", "structure", "load", "eval", "regression", "parity", "value"]
 CHECK_ORDER: tuple[str, ...] = ("integrity", "structure", "load", "eval", "regression", "parity", "value")

@@ -9,7 +9,7 @@ answers in simulated time instead of running a model:
   `max_num_seqs` sequences at once;
 - `max_loras` adapter slots: a sequence whose adapter holds no slot waits for one (vLLM's scheduler
   does the same), and taking a slot costs the host-to-GPU copy of the adapter's bytes
-  (planner input `host_to_gpu_gb_s`);
+  (`host_to_gpu_gb_s`, the planner's figure: libs/tier_costs.py);
 - a host-RAM cache of `max_cpu_loras` adapters, LRU: loading into it costs the adapter's bytes at the
   planner's local-disk rate (`nvme_gb_s`);
 - the answer names the adapter the engine applied ("[sim adapter 1a2b3c4d5e6f] ...", or "[sim base]"),
@@ -38,18 +38,17 @@ from libs.engine.base import (
     TokenLogprobs,
 )
 from libs.engine.profile import EngineProfile
-from libs.planner.inputs import GB, PlanInputs
-
-_PLANNER = PlanInputs()
+from libs.tier_costs import GB, HOST_TO_GPU_GB_S, NVME_GB_S
 
 
 class SimProfile(BaseModel):
-    """Rates of the simulated engine; tier bandwidths default to the capacity planner's inputs."""
+    """Rates of the simulated engine; tier bandwidths default to the reference figures the capacity
+    planner starts from (libs/tier_costs.py)."""
 
     prefill_tok_s: float = Field(4000.0, gt=0)
     decode_tok_s: float = Field(50.0, gt=0, description="tokens per second per sequence")
-    host_to_gpu_gb_s: float = Field(_PLANNER.host_to_gpu_gb_s, gt=0)
-    nvme_gb_s: float = Field(_PLANNER.nvme_gb_s, gt=0)
+    host_to_gpu_gb_s: float = Field(HOST_TO_GPU_GB_S, gt=0)
+    nvme_gb_s: float = Field(NVME_GB_S, gt=0)
     chars_per_token: float = Field(4.0, gt=0)
     # A measured cost model (libs/engine/profile.py): decode step time against running sequences, so a
     # full batch slows every sequence in it as on the real engine. None: `decode_tok_s` whatever the batch.

@@ -9,10 +9,10 @@ from pathlib import Path
 from libs.lora.sizing import resolve_targets
 from libs.models.catalog import CATALOG, LLAMA_31_8B, BaseModelSpec
 from libs.planner.training import GPU_PEAK_FLOPS, GPU_UTILISATION, JOB_OVERHEAD_S
+from libs.tier_costs import HOST_TO_GPU_GB_S, NVME_GB_S, OBJECT_STORE_FETCH_S_MAX, OBJECT_STORE_FETCH_S_MIN
 
 HOURS_PER_YEAR = 365 * 24
 MONTHS_PER_YEAR = 12
-GB = 1e9  # decimal gigabytes throughout: bandwidths are quoted in GB/s
 # `tie_word_embeddings` of the presets' config.json files (catalog.py does not carry the flag yet).
 _PRESET_TIED_EMBEDDINGS = {"smollm2-135m": True, "llama-3.1-8b": False}
 
@@ -35,10 +35,10 @@ class PlanInputs:
     price_per_gpu_hour: float = 2.50
     hot_adapters_per_gpu: int = 100
     gpu_memory_gb: float = 80.0  # H100 SXM
-    host_to_gpu_gb_s: float = 25.0  # PCIe Gen5, effective
-    object_store_fetch_s_min: float = 0.5
-    object_store_fetch_s_max: float = 1.5
-    nvme_gb_s: float = 7.0  # local NVMe read, PCIe Gen4 x4
+    host_to_gpu_gb_s: float = HOST_TO_GPU_GB_S  # PCIe Gen5, effective
+    object_store_fetch_s_min: float = OBJECT_STORE_FETCH_S_MIN
+    object_store_fetch_s_max: float = OBJECT_STORE_FETCH_S_MAX
+    nvme_gb_s: float = NVME_GB_S  # local NVMe read, PCIe Gen4 x4
     host_ram_gb: float = 256.0  # host RAM per worker set aside for the adapter cache
     nvme_gb: float = 3840.0  # local NVMe per worker for the adapter disk tier
     tied_embeddings: bool | None = None  # None: untied unless the config says tie_word_embeddings

@@ -9,9 +9,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from libs.lora.sizing import LoraSize, base_model_params, dtype_bytes, lora_size
-from libs.planner.inputs import GB, PlanInputs, load_base
+from libs.planner.inputs import PlanInputs, load_base
 from libs.planner.training import training_flops, training_gpu_hours
 from libs.simulator.zipf import popularity, solve_zipf_exponent
+from libs.tier_costs import GB
 
 
 @dataclass(frozen=True)

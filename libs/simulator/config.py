@@ -8,8 +8,7 @@ from functools import cached_property
 from libs.lora.sizing import lora_size
 from libs.models.catalog import LLAMA_31_8B
 from libs.routing import DEFAULT_BALANCE_FACTOR, DEFAULT_HOT_THRESHOLD, DEFAULT_MAX_SPREAD, DEFAULT_VNODES
-
-GB = 1e9
+from libs.tier_costs import GB, HOST_TO_GPU_GB_S, OBJECT_STORE_FETCH_S_MAX, OBJECT_STORE_FETCH_S_MIN
 
 
 def reference_adapter_bytes() -> int:
@@ -40,9 +39,9 @@ class SimConfig:
     max_running: int = 64
     mixed_adapter_overhead: float = 0.10
     # Tier latencies.
-    host_to_gpu_gb_s: float = 25.0
-    fetch_s_min: float = 0.5
-    fetch_s_max: float = 1.5
+    host_to_gpu_gb_s: float = HOST_TO_GPU_GB_S
+    fetch_s_min: float = OBJECT_STORE_FETCH_S_MIN
+    fetch_s_max: float = OBJECT_STORE_FETCH_S_MAX
     # Bounded-load router.
     balance_factor: float = DEFAULT_BALANCE_FACTOR
     vnodes: int = DEFAULT_VNODES

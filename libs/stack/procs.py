@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import time
+from pathlib import Path
 
 import psutil
 
@@ -82,3 +85,30 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed child of ours stays a zombie until reaped; that counts as gone.
+    with contextlib.suppress(Exception):
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return True
+
+
+def mask(endpoint: str) -> str:
+    """Hide the password in a DSN for display."""
+    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", endpoint)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -8,21 +8,18 @@ restart counts and crash-loop detection), `logs/<name>.log`, and supervisord's c
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import shutil
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
 from libs.paths import platform_env_file, stack_env_file, up_dir
 from libs.stack.procs import free_port
 from libs.up import plan
+from libs.up.health import port_free, service_health
 from libs.up.plan import PlanError, Running, ServiceSpec
 from libs.up.runner import read_starts
 from libs.up.settings import UpSettings
@@ -149,7 +146,7 @@ class LocalPlatform:
 
     def _port(self, service: str, pinned: int, record: dict, check: bool) -> int:
         port = pinned or record.get("ports", {}).get(service) or free_port()
-        if check and not _port_free(port):
+        if check and not port_free(port):
             variable = f"LPX_UP_{service.upper()}_PORT"
             raise PlanError(
                 f"port {port} for the {service.replace('_', ' ')} is taken by another process: stop it, or set "
@@ -206,7 +203,7 @@ class LocalPlatform:
             infos = self.supervisor.processes()
             for name in [n for n, info in infos.items() if n in waiting and self._crash_looping(n, info)]:
                 raise UpError(f"{name} keeps exiting at start-up; last log lines:\n{self._tail(name, 15)}")
-            for name, healthy in self._health(list(waiting.values()), infos).items():
+            for name, healthy in service_health(list(waiting.values()), infos).items():
                 if healthy:
                     on_event(f"{name}: healthy")
                     del waiting[name]
@@ -216,30 +213,13 @@ class LocalPlatform:
             if waiting:
                 time.sleep(0.5)
 
-    # --- health --------------------------------------------------------------------------------
-    def _health(self, specs: list[ServiceSpec], infos: dict) -> dict[str, bool]:
-        result = {}
-        beats = [spec.health.split(":", 1)[1] for spec in specs if spec.health.startswith("heartbeat:")]
-        alive_workers = _heartbeats(beats) if beats else set()
-        for spec in specs:
-            info = infos.get(spec.name)
-            if info is None or info.state != RUNNING:
-                result[spec.name] = False
-            elif spec.health.startswith("http:"):
-                result[spec.name] = _http_ok(f"http://127.0.0.1:{spec.port}{spec.health[5:]}")
-            elif spec.health.startswith("heartbeat:"):
-                result[spec.name] = spec.health.split(":", 1)[1] in alive_workers
-            else:
-                result[spec.name] = True
-        return result
-
     # --- lpx ps / logs / restart / down --------------------------------------------------------
     def ps(self) -> list[Row]:
         if not self.supervisor.running():
             return []
         specs = self._specs()
         infos = self.supervisor.processes()
-        health = self._health(list(specs.values()), infos)
+        health = service_health(list(specs.values()), infos)
         return [self._row(spec, infos.get(name), health.get(name, False)) for name, spec in specs.items()]
 
     def _row(self, spec: ServiceSpec, info, healthy: bool) -> Row:
@@ -337,56 +317,6 @@ class LocalPlatform:
         if not path.exists():
             return "(no log yet)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _heartbeats(worker_ids: list[str]) -> set[str]:
-    """The workers among `worker_ids` with a live heartbeat (one NATS connection for all of them)."""
-    import nats
-
-    from libs.contracts import subjects
-    from libs.settings import ConnectionSettings
-
-    async def read() -> set[str]:
-        try:
-            conn = ConnectionSettings.load()
-            nc = await nats.connect(
-                conn.nats_servers, connect_timeout=2, max_reconnect_attempts=0, **conn.nats_auth("admin")
-            )
-        except Exception:
-            return set()
-        try:
-            kv = await nc.jetstream().key_value(subjects.HEARTBEAT_BUCKET)
-            alive = set()
-            for worker_id in worker_ids:
-                try:
-                    await kv.get(worker_id)
-                    alive.add(worker_id)
-                except Exception:
-                    pass
-            return alive
-        except Exception:
-            return set()
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 __all__ = ["LocalPlatform", "UpError", "PlanError", "Row", "Endpoints"]

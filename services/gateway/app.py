@@ -20,12 +20,11 @@ from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors
 from services.gateway.auth import tenant_of
 from services.gateway.demand import DemandPublisher, demand_bucket_config
-from services.gateway.dispatch import Dispatcher, Job
+from services.gateway.dispatch import Dispatcher, DispatchSettings, Job
 from services.gateway.errors import GatewayError
 from services.gateway.limit_sync import LimitSync
 from services.gateway.limits import TenantLimiter
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.overload import OverloadGuard
 from services.gateway.pool_view import PoolView
 from services.gateway.reroute import Rerouter
 from services.gateway.resolver_cache import ResolverCache
@@ -83,24 +82,8 @@ class Gateway:
             await self.limit_sync.start()
         self.weights: dict[str, float] = {}  # tenant -> its fair-share weight, as last resolved
         self.pools = PoolView(self.js, staleness_s=s.heartbeat_staleness_s, poll_s=s.pool_poll_s)
-        overload = OverloadGuard(margin=s.overload_margin) if s.early_refusal else None
-        headroom = s.fair_headroom if s.fair_queuing else None
         self.dispatcher = Dispatcher(
-            self.nc,
-            self.js,
-            self.pools,
-            self.metrics,
-            balance_factor=s.balance_factor,
-            hot_threshold=s.hot_threshold,
-            max_spread=s.max_spread,
-            publish_retry_s=s.publish_retry_s,
-            tracer=self.tracer,
-            gateway_id=s.gateway_id,
-            load_signal=s.load_signal,
-            routing_policy=s.routing_policy,
-            overload=overload,
-            fair_headroom=headroom,
-            batch_reserve=s.batch_reserve,
+            self.nc, self.js, self.pools, self.metrics, DispatchSettings.of_gateway(s), tracer=self.tracer
         )
         if self.dispatcher.fair is not None:
             self.dispatcher.fair.on_wait = self._fair_wait
@@ -290,7 +273,7 @@ def create_app(settings: GatewaySettings | None = None, gateway: Gateway | None 
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        from services.gateway.openai_api import describe_invalid
+        from services.gateway.openai_requests import describe_invalid
 
         message, param = describe_invalid(exc.errors()[0] if exc.errors() else {})
         return errors.bad_request(message, param).response()

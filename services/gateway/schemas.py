@@ -87,6 +87,41 @@ class Completion(BaseModel):
     system_fingerprint: str | None
 
 
+# --- streamed chunks (server-sent events, `data: {chunk}`) ----------------------------------------
+# A chunk is sent with `model_dump(exclude_unset=True)`: a key OpenAI leaves out (the delta's role after
+# the first chunk, `usage` before the last) is not set, one it sends as null is set to None.
+class ChatDelta(BaseModel):
+    """What one chunk adds to the message: the role in the first, then text."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with `stream_options.include_usage`")
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with `stream_options.include_usage`")
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]
