@@ -10,6 +10,7 @@ import typer
 
 from libs.cli import (
     access_cmds,
+    adapter_cmds,
     dataset_cmds,
     demo,
     eval_cmds,
@@ -21,6 +22,7 @@ from libs.cli import (
     registry_cmds,
     simulate,
     stack,
+    tenant_cmds,
     train_cmds,
     up_cmds,
 )
@@ -40,6 +42,8 @@ for module in (
     plan,
     simulate,
     registry_cmds,
+    tenant_cmds,
+    adapter_cmds,
     access_cmds,
     eval_cmds,
     dataset_cmds,
