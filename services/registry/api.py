@@ -33,6 +33,7 @@ from services.registry.routes import (
     resolve,
     tenants,
     tokens,
+    training,
     usage,
 )
 from services.registry.routes import (
@@ -52,6 +53,7 @@ ROUTERS = (
     lifecycle,
     aliases,
     datasets,
+    training,
     migrations,
     tokens,
     audit_routes,
