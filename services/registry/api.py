@@ -35,6 +35,7 @@ from services.registry.routes import (
     tokens,
     training,
     usage,
+    value_check,
 )
 from services.registry.routes import (
     audit as audit_routes,
@@ -54,6 +55,7 @@ ROUTERS = (
     aliases,
     datasets,
     training,
+    value_check,
     migrations,
     tokens,
     audit_routes,
