@@ -50,7 +50,8 @@ async def set_value_check(tenant: Name, body: ValueCheckUpdate, ctx: Ctx) -> Val
         before = {k: getattr(row, k) for k in changes}
         for key, value in changes.items():
             setattr(row, key, value)
-        session.add(row)
-        await session.flush()
-        audit.record(session, "tenant.value_check", tenant, tenant=tenant, before=before, after=changes)
+        if changes:  # nothing sent: nothing changed, nothing recorded
+            session.add(row)
+            await session.flush()
+            audit.record(session, "tenant.value_check", tenant, tenant=tenant, before=before, after=changes)
         return ValueCheck(tenant=row.name, min_lift=row.min_lift, system_prompt=row.system_prompt)
