@@ -1,4 +1,5 @@
-"""`lpx tenant token ...` and `lpx audit`: who may act on the registry, and what they did.
+"""`lpx tenant token ...`, `lpx tenant value-check` and `lpx audit`: who may act on the registry, what
+they did, and the tenant's value check in the eval gate.
 
 Both work with an admin credential or a tenant maintainer's (LPX_REGISTRY_TOKEN, or the bootstrap
 LPX_REGISTRY_ADMIN_TOKEN): a maintainer sees and manages its own tenant only.
@@ -20,7 +21,7 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def register(app: typer.Typer) -> None:
-    tenant_app.add_typer(token_app, name="token")
+    tenant_app.add_typer(token_app, name="token")  # and `lpx tenant value-check` (below)
     app.command("audit")(audit)
 
 
@@ -121,3 +122,28 @@ def _change(before: dict | None, after: dict | None) -> str:
     if before is None:
         return json.dumps(after, separators=(",", ":")) if after else ""
     return f"{json.dumps(before, separators=(',', ':'))} -> {json.dumps(after, separators=(',', ':'))}"
+
+
+@tenant_app.command("value-check")
+def tenant_value_check(
+    tenant: str = typer.Argument(...),
+    min_lift: float | None = typer.Option(
+        None, "--min-lift", help="pass-rate lift over the base model a new version needs, e.g. 0.2"
+    ),
+    no_min_lift: bool = typer.Option(False, "--no-min-lift", help="back to the gate's setting (report only)"),
+    system_prompt: str | None = typer.Option(
+        None, "--system-prompt", help="the base model is also scored with this system prompt"
+    ),
+    no_system_prompt: bool = typer.Option(False, "--no-system-prompt", help="score the base model without one"),
+) -> None:
+    """Show or set the tenant's value check in the eval gate (an admin, or the tenant's maintainer)."""
+    body: dict = {}
+    if min_lift is not None or no_min_lift:
+        body["min_lift"] = None if no_min_lift else min_lift
+    if system_prompt is not None or no_system_prompt:
+        body["system_prompt"] = None if no_system_prompt else system_prompt
+    path = f"/v1/tenants/{tenant}/value-check"
+    row = _call("PATCH", path, json=body) if body else _call("GET", path)
+    lift = "the gate's setting" if row["min_lift"] is None else f"{row['min_lift']:+.2f}"
+    prompt = "none" if row["system_prompt"] is None else repr(row["system_prompt"])
+    out.print(f"tenant {tenant}: minimum lift over the base model {lift}; base model's system prompt {prompt}")

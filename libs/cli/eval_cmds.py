@@ -125,6 +125,13 @@ def _print_cases(report: dict) -> None:
     if base_model and lift:
         title += (f"; the base model alone: {base_model['passed']}/{base_model['total']}, "
                   f"lift {lift['pass_rate']:+.2f}")  # fmt: skip
+    prompted, prompted_lift = report.get("base_prompted"), report.get("lift_prompted")
+    with_prompt = {c["id"]: c for c in (prompted or {}).get("cases", [])}
+    if prompted and prompted_lift:
+        title += (f"; with the tenant's system prompt: {prompted['passed']}/{prompted['total']}, "
+                  f"lift {prompted_lift['pass_rate']:+.2f}")  # fmt: skip
+    if lift and lift.get("min_lift") is not None:
+        title += f" (minimum lift {lift['min_lift']:+.2f})"
     cases = Table("case", "criterion", "result", "score", "answer / expected", title=title)
     for c in candidate["cases"]:
         mark = "[green]pass[/green]" if c["passed"] else "[red]fail[/red]"
@@ -133,6 +140,8 @@ def _print_cases(report: dict) -> None:
             mark += f" (was {'pass' if was['passed'] else 'fail'})"
         if c["id"] in alone:
             mark += f" (base alone: {'pass' if alone[c['id']]['passed'] else 'fail'})"
+        if c["id"] in with_prompt:
+            mark += f" (base + system prompt: {'pass' if with_prompt[c['id']]['passed'] else 'fail'})"
         score = f"{c['score']:.3f} >= {c['threshold']:.2f}" if c.get("score") is not None else ""
         detail = c["answer"][:80] + (f"  [dim]expected {c['expected']!r}[/dim]" if c.get("expected") else "")
         cases.add_row(c["id"], c["criterion"], mark, score, detail)

@@ -1,7 +1,8 @@
 """`lpx train` and `lpx migrate plan|start|status`: training jobs and base-model migrations.
 
-`lpx train` publishes a TrainJob to the JetStream work queue and follows its progress events with a
-progress bar; the trainer pushes the result to the registry and the eval gate decides. Migrations are
+`lpx train` asks the registry for a training job (which queues a TrainJob through its outbox) and
+follows the job's progress events with a progress bar; the trainer pushes the result to the registry
+and the eval gate decides. Migrations are
 started in the registry, which enqueues one training job per adapter (exactly once, via its outbox).
 """
 
@@ -29,21 +30,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(migrate_app, name="migrate")
 
 
-def _dataset_ref(tenant: str, name: str):
-    from libs.contracts import DatasetRef
-
-    for row in _call("GET", f"/v1/tenants/{tenant}/datasets"):
-        if row["name"] == name:
-            return DatasetRef(
-                name=row["name"],
-                digest=row["digest"],
-                object_key=row["object_key"],
-                train_examples=row["train_examples"],
-                eval_cases=row["eval_cases"],
-            )
-    _fail(f"tenant {tenant!r} has no dataset named {name!r} (lpx dataset list {tenant})")
-
-
 def train(
     tenant: str = typer.Argument(...),
     dataset: str = typer.Option(..., "--dataset", help="the tenant's dataset name (lpx dataset list)"),
@@ -58,23 +44,26 @@ def train(
         True, "--wait-gate/--no-wait-gate", help="after the push, wait for the eval gate's verdict"
     ),
 ) -> None:
-    """Train a LoRA for TENANT from a stored dataset (on the trainer service), with a progress bar."""
-    from libs.contracts import TrainJob
+    """Train a LoRA for TENANT from a stored dataset (on the trainer service), with a progress bar.
 
-    job = TrainJob(
-        tenant=tenant,
-        adapter=adapter,
-        dataset=_dataset_ref(tenant, dataset),
-        base_model=base,
-        rank=rank,
-        alpha=2 * rank,
-        steps=steps,
-        seed=seed,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        requested_by="lpx train",
-    )
-    final = asyncio.run(_submit_and_follow(job))
+    The job is requested from the registry (POST /v1/tenants/TENANT/train) with the CLI's registry
+    credential, an admin's or the tenant maintainer's, and recorded in the audit trail."""
+    body = {
+        "dataset": dataset,
+        "adapter": adapter,
+        "base_model": base,
+        "rank": rank,
+        "steps": steps,
+        "seed": seed,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+    }
+    job = _call("POST", f"/v1/tenants/{tenant}/train", json=body)
+    err.print(f"job {job['job_id']} queued: {tenant}/{adapter} on {base}, {steps} steps")
+    final = asyncio.run(_follow(job["progress_subject"], steps))
+    if final is None:
+        out.print(f"job {job['job_id']} queued; no NATS connection to follow it (lpx adapter list {tenant})")
+        return
     if final.error:
         _fail(f"training failed: {final.error}")
     out.print(f"trained and pushed [bold]{tenant}/{adapter}-v{final.version}[/bold] (sha256 {final.digest[:16]}...)")
@@ -87,27 +76,25 @@ def train(
             raise typer.Exit(1)
 
 
-async def _submit_and_follow(job):
+async def _follow(progress_subject: str, steps: int):
+    """The job's progress events from the first on (the progress stream keeps them), until done; None
+    when NATS cannot be reached with the CLI's credentials."""
     import nats
     from nats.js.api import DeliverPolicy
 
-    from libs.contracts import TrainProgress, subjects
+    from libs.contracts import TrainProgress
     from libs.settings import ConnectionSettings
 
     conn = ConnectionSettings.load()
-    nc = await nats.connect(conn.nats_servers, **conn.nats_auth("admin"))
     try:
-        js = nc.jetstream()
-        sub = await js.subscribe(
-            subjects.train_progress(job.job_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        nc = await nats.connect(
+            conn.nats_servers, connect_timeout=5, max_reconnect_attempts=1, **conn.nats_auth("admin")
         )
-        await js.publish(
-            subjects.TRAIN_JOBS,
-            job.model_dump_json().encode(),
-            stream=subjects.TRAIN_STREAM,
-            headers={"Nats-Msg-Id": job.job_id},
-        )
-        err.print(f"job {job.job_id} queued: {job.tenant}/{job.adapter} on {job.base_model}, {job.steps} steps")
+    except Exception as exc:  # any failure to connect: the job is queued all the same
+        err.print(f"cannot follow the job over NATS ({type(exc).__name__}: {exc})")
+        return None
+    try:
+        sub = await nc.jetstream().subscribe(progress_subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -115,7 +102,7 @@ async def _submit_and_follow(job):
             TimeElapsedColumn(),
             console=err,
         ) as bar:
-            task = bar.add_task("waiting for a trainer", total=job.steps)
+            task = bar.add_task("waiting for a trainer", total=steps)
             async for msg in sub.messages:
                 event = TrainProgress.model_validate_json(msg.data)
                 loss = f" loss {event.loss:.3f}" if event.loss is not None else ""

@@ -79,6 +79,10 @@ class EvalReport(_Model):
     parity: list[ParityCase] = Field(default_factory=list)
     base: VersionScore | None = None  # the base model alone on the same cases (value check)
     lift: Lift | None = None
+    # The base model alone with the tenant's system prompt, when the tenant has one, and that lift.
+    system_prompt: str | None = None
+    base_prompted: VersionScore | None = None
+    lift_prompted: Lift | None = None
     seconds: float = 0.0
     started_at: float = 0.0
     gate: dict[str, str | int | float] = Field(default_factory=dict)  # gate id, attempt, source event

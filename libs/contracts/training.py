@@ -60,6 +60,10 @@ class EvalContextReply(Message):
     # Its stored eval report: the baseline when it is on another base (a migration), where this
     # gate's engine cannot load it.
     active_report: dict | None = None
+    # The tenant's value check: the minimum lift (None: the gate's setting) and the system prompt the
+    # base model is also scored with (None: without one only).
+    min_lift: float | None = None
+    system_prompt: str | None = None
 
 
 class TrainJob(Message):

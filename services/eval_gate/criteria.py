@@ -140,13 +140,37 @@ def lift_of(candidate: VersionScore, base: VersionScore, min_lift: float | None)
     return Lift(pass_rate=round(candidate.pass_rate - base.pass_rate, 4), loglik=loglik, min_lift=min_lift)
 
 
-def value_verdict(lift: Lift, base: VersionScore) -> tuple[bool, str]:
-    """Whether the adapter adds enough over the base model alone; without a minimum, report only."""
-    detail = f"lift {lift.pass_rate:+.2f} in pass rate over the base model alone ({base.passed}/{base.total})"
+def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """The case's conversation with the tenant's system prompt first (before a system turn the case
+    has itself, in the same turn); unchanged without one."""
+    if not system_prompt:
+        return messages
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{system_prompt}\n\n{messages[0].get('content', '')}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def _lift_detail(lift: Lift, base: VersionScore, how: str) -> str:
+    detail = f"lift {lift.pass_rate:+.2f} in pass rate over the base model {how} ({base.passed}/{base.total})"
     if lift.loglik is not None:
         detail += f", {lift.loglik:+.3f} mean log-likelihood"
+    return detail
+
+
+def value_verdict(
+    lift: Lift, base: VersionScore, prompted: tuple[Lift, VersionScore] | None = None
+) -> tuple[bool, str]:
+    """Whether the adapter adds enough over the base model alone (and, with `prompted`, over the base
+    model with the tenant's system prompt: the minimum holds against both); without a minimum, report
+    only."""
+    detail = _lift_detail(lift, base, "alone")
+    lifts = [lift.pass_rate]
+    if prompted is not None:
+        detail += "; " + _lift_detail(prompted[0], prompted[1], "with the tenant's system prompt")
+        lifts.append(prompted[0].pass_rate)
     if lift.min_lift is None:
         return True, detail + " (reported only: no minimum lift set)"
-    if lift.pass_rate + 1e-9 < lift.min_lift:
+    if min(lifts) + 1e-9 < lift.min_lift:
         return False, detail + f"; below the minimum lift {lift.min_lift:+.2f}: prompting the base model does as well"
     return True, detail + f" (minimum {lift.min_lift:+.2f})"

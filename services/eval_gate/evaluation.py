@@ -109,7 +109,7 @@ class Evaluator:
         cases = await self._check(report, "eval", self._eval, candidate, spec, context, report)
         await self._check(report, "regression", self._regression, context, report, cases)
         await self._check(report, "parity", self._parity, spec, cases, report)
-        await self._check(report, "value", self._value, cases, report)
+        await self._check(report, "value", self._value, cases, report, context)
 
     async def _check(self, report: EvalReport, name: str, step, *args):
         """Run one step and record it; a failed verdict or any error fails the evaluation."""
@@ -236,11 +236,20 @@ class Evaluator:
         passed, detail = criteria.parity_verdict(results, self.settings.parity_min_agreement)
         return Step(None, detail, passed=passed)
 
-    async def _value(self, cases: list[EvalCase], report: EvalReport) -> Step:
-        """The same cases on the base model alone: does the adapter add anything prompting does not?"""
+    async def _value(self, cases: list[EvalCase], report: EvalReport, context: EvalContextReply) -> Step:
+        """The same cases on the base model alone, without a system prompt and with the tenant's if it
+        has one: does the adapter add anything prompting does not? The tenant's minimum lift, else the
+        gate's setting, holds against both."""
+        min_lift = context.min_lift if context.min_lift is not None else self.settings.min_lift
         report.base = await self._score(0, None, cases)
-        report.lift = criteria.lift_of(report.candidate, report.base, self.settings.min_lift)
-        passed, detail = criteria.value_verdict(report.lift, report.base)
+        report.lift = criteria.lift_of(report.candidate, report.base, min_lift)
+        prompted = None
+        if context.system_prompt:
+            report.system_prompt = context.system_prompt
+            report.base_prompted = await self._score(0, None, cases, context.system_prompt)
+            report.lift_prompted = criteria.lift_of(report.candidate, report.base_prompted, min_lift)
+            prompted = (report.lift_prompted, report.base_prompted)
+        passed, detail = criteria.value_verdict(report.lift, report.base, prompted)
         return Step(None, detail, passed=passed)
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -253,19 +262,24 @@ class Evaluator:
         except DatasetInvalid as exc:
             raise ValueError(f"dataset {dataset.name!r} is not usable: {exc}") from None
 
-    async def _score(self, version: int, spec: AdapterSpec | None, cases: list[EvalCase]) -> VersionScore:
-        """`spec` None: the base model alone (version 0)."""
+    async def _score(
+        self, version: int, spec: AdapterSpec | None, cases: list[EvalCase], system_prompt: str | None = None
+    ) -> VersionScore:
+        """`spec` None: the base model alone (version 0); `system_prompt`: put first in every case."""
         # Generations batch together; log-likelihood passes run one at a time (VllmEngine.score).
-        results = await asyncio.gather(*(self._run_case(spec, case, i) for i, case in enumerate(cases)))
+        runs = (self._run_case(spec, case, i, system_prompt) for i, case in enumerate(cases))
+        results = await asyncio.gather(*runs)
         digest = spec.digest if spec is not None else f"base-model:{self.settings.base_model}"
         return criteria.score_version(version, digest, list(results))
 
-    async def _run_case(self, spec: AdapterSpec | None, case: EvalCase, index: int) -> CaseResult:
-        reference = case.reference()
+    async def _run_case(
+        self, spec: AdapterSpec | None, case: EvalCase, index: int, system_prompt: str | None = None
+    ) -> CaseResult:
+        reference, messages = case.reference(), criteria.with_system_prompt(case.prompt(), system_prompt)
         if reference is not None:
-            request = GenerationRequest(request_id=f"eval-{new_id()}", messages=case.prompt(), adapter=spec)
+            request = GenerationRequest(request_id=f"eval-{new_id()}", messages=messages, adapter=spec)
             return criteria.judge_loglik(case, index, await self.engine.score(request, reference))
-        text, _ = await self._generate(spec, case.prompt(), self.settings.max_new_tokens)
+        text, _ = await self._generate(spec, messages, self.settings.max_new_tokens)
         return criteria.judge_text(case, index, text)
 
     async def _generate(self, spec: AdapterSpec | None, messages: list[dict], max_tokens: int) -> tuple[str, list[int]]:

@@ -33,7 +33,9 @@ from services.registry.routes import (
     resolve,
     tenants,
     tokens,
+    training,
     usage,
+    value_check,
 )
 from services.registry.routes import (
     audit as audit_routes,
@@ -52,6 +54,8 @@ ROUTERS = (
     lifecycle,
     aliases,
     datasets,
+    training,
+    value_check,
     migrations,
     tokens,
     audit_routes,

@@ -1,6 +1,7 @@
 """What the eval gate asks the registry before it evaluates a version (subjects.EVAL_CONTEXT,
 request/reply, queue group shared with the resolver): the version's status and reference, its base
-model's shapes, where the eval cases are, the tenant's threshold and the regression baseline (the
+model's shapes, where the eval cases are, the tenant's threshold and value check (minimum lift,
+system prompt) and the regression baseline (the
 version the adapter's aliases serve now). With `claim`, a pending version moves to `evaluating`.
 
 The eval set is the eval split of the dataset the version was trained from; a version pushed by
@@ -64,6 +65,8 @@ async def _context(session: AsyncSession, request: EvalContextRequest) -> EvalCo
         active_version=active.number if active else None,
         active_ref=lifecycle.VersionContext(active, vctx.adapter, vctx.tenant).ref() if active else None,
         active_report=active.eval_report if active else None,
+        min_lift=tenant.min_lift,
+        system_prompt=tenant.system_prompt,
     )
 
 

@@ -57,6 +57,10 @@ class Tenant(TenantBase, table=True):
     concurrency_limit: int | None = Field(default=None, nullable=True)
     # Share of a full pool relative to the other tenants (None: 1, an equal share).
     fair_weight: float | None = Field(default=None, nullable=True)
+    # The eval gate's value check: the pass-rate lift over the base model a new version needs (None:
+    # the gate's setting), and the system prompt the base model is also scored with (None: none).
+    min_lift: float | None = Field(default=None, nullable=True)
+    system_prompt: str | None = Field(default=None, sa_type=Text, nullable=True)
 
 
 class TenantPublic(TenantBase):
@@ -66,6 +70,8 @@ class TenantPublic(TenantBase):
     tpm_limit: int | None = None
     concurrency_limit: int | None = None
     fair_weight: float | None = None
+    min_lift: float | None = None
+    system_prompt: str | None = None
 
 
 class ApiKey(SQLModel, table=True):

@@ -95,6 +95,32 @@ def test_an_adapter_below_the_minimum_lift_is_refused_with_the_reason():
     assert passed  # +0.50
 
 
+def test_the_tenants_system_prompt_goes_first_in_every_case():
+    user = [{"role": "user", "content": "hi"}]
+    assert criteria.with_system_prompt(user, None) == user and criteria.with_system_prompt(user, "") == user
+    assert criteria.with_system_prompt(user, "Be a pirate.") == [{"role": "system", "content": "Be a pirate."}, *user]
+    own = [{"role": "system", "content": "Answer briefly."}, *user]
+    assert criteria.with_system_prompt(own, "Be a pirate.") == [
+        {"role": "system", "content": "Be a pirate.\n\nAnswer briefly."},
+        *user,
+    ]
+    assert own[0]["content"] == "Answer briefly."  # the case itself is not changed
+
+
+def test_both_lifts_are_reported_and_the_minimum_holds_against_the_prompted_base_too():
+    adapter, alone, prompted = _version_score(1, 4, 4), _version_score(0, 1, 4), _version_score(0, 3, 4)
+    lift, lift_prompted = criteria.lift_of(adapter, alone, None), criteria.lift_of(adapter, prompted, None)
+    passed, detail = criteria.value_verdict(lift, alone, (lift_prompted, prompted))
+    assert passed and "reported only" in detail
+    assert "lift +0.75 in pass rate over the base model alone (1/4)" in detail
+    assert "lift +0.25 in pass rate over the base model with the tenant's system prompt (3/4)" in detail
+    # a tenant minimum of 0.5: enough over the bare base model, not over the prompted one
+    lift, lift_prompted = criteria.lift_of(adapter, alone, 0.5), criteria.lift_of(adapter, prompted, 0.5)
+    passed, detail = criteria.value_verdict(lift, alone, (lift_prompted, prompted))
+    assert not passed and "below the minimum lift +0.50" in detail
+    assert criteria.value_verdict(lift, alone)[0]  # without the system prompt it would pass
+
+
 def test_every_check_in_the_order_can_be_recorded():
     """The report's check names and the order the gate runs them in are one list (a check missing from
     the names failed every evaluation at its end)."""
