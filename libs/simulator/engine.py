@@ -9,7 +9,6 @@ Life of a request on its replica (chosen by the routing policy at arrival):
      resident may overtake the blocked head (as vLLM's scheduler skips requests it cannot batch);
   3. decoding takes output_tokens / per-sequence speed, stretched by the batch's adapter mix.
 Load is in-flight requests per replica (steps 1-3), counted when the router assigns the request.
-
 Placement and churn: `libs.simulator.placement`.
 
 Simplified: a host -> GPU copy delays only its own request (vLLM stalls the whole step for ~3 ms);
