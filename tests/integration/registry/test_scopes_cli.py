@@ -40,15 +40,18 @@ class LoopTransport(httpx.BaseTransport):
 
 @pytest.fixture
 def lpx(registry, monkeypatch):
-    loop = asyncio.get_event_loop()
+    loops: list[asyncio.AbstractEventLoop] = []  # the test's running loop (a sync fixture has none yet)
 
     def client() -> httpx.Client:  # the CLI's own headers (its credential), sent through the test's loop
         _, headers = registry_cmds.registry_settings()
-        return httpx.Client(base_url="http://registry", headers=headers, transport=LoopTransport(registry.client, loop))
+        return httpx.Client(
+            base_url="http://registry", headers=headers, transport=LoopTransport(registry.client, loops[-1])
+        )
 
     monkeypatch.setattr(registry_cmds, "_client", client)
 
     async def run(token: str, *args: str):
+        loops.append(asyncio.get_running_loop())
         monkeypatch.setenv("LPX_REGISTRY_TOKEN", token)
         result = await asyncio.to_thread(CliRunner().invoke, app, list(args))
         return result
