@@ -250,8 +250,16 @@ async def test_heartbeats_show_the_worker_and_vanish_when_it_dies(make_worker, c
     assert ttl and ttl <= 10
     worker.heartbeat._task.cancel()  # stop beating without saying goodbye, as a crash would
     await asyncio.sleep(ttl + 1.5)
-    with pytest.raises(Exception):  # noqa: B017 - KeyNotFoundError / KeyDeletedError
-        await kv.get("w-beat")
+    # JetStream expires keys on a timer of its own: on a loaded machine the last one can outlive the TTL
+    # by a few seconds (seen once in a full run), so the key must be gone soon after, not at the instant.
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        try:
+            await kv.get("w-beat")
+        except Exception:  # KeyNotFoundError / KeyDeletedError: the worker left the pool
+            break
+        assert asyncio.get_running_loop().time() < deadline, "the dead worker's heartbeat never expired"
+        await asyncio.sleep(0.5)
 
 
 async def test_placement_fetches_the_workers_share_before_traffic(make_worker, client, connections, noise):
