@@ -127,7 +127,7 @@ class Worker:
             subjects.infer_worker_filter(s.pool, self.worker_id), subjects.worker_durable(s.pool, self.worker_id)
         )
         self.shared = await self._consumer(subjects.infer_any_filter(s.pool), subjects.pool_durable(s.pool))
-        self.link.on_back(self.heartbeat.beat)  # back in the pool at once, not at the next interval
+        self.link.on_back(self.heartbeat.beat_if_beating)  # back in the pool at once, not at the next interval
         await self.heartbeat.beat()
         self.heartbeat.start()
         if s.placement:

@@ -77,6 +77,7 @@ class Heartbeater:
         self.kv = None
         self.state = ConnectionState("heartbeats")
         self._task: asyncio.Task | None = None
+        self._beating = False
 
     async def claim(self) -> None:
         """Refuse to start under a worker id that another live worker is beating under."""
@@ -133,10 +134,25 @@ class Heartbeater:
             raise
 
     def start(self) -> None:
+        self._beating = True
         self._task = asyncio.create_task(self._loop(), name="heartbeat")
 
+    def halt(self) -> None:
+        """Stop beating at once, without leaving the pool (what a crash looks like to the others).
+
+        A flag as well as the cancel: on Python 3.11 `asyncio.wait_for` (under nats-py's publish) can
+        swallow a cancel that lands as its inner future completes, and the loop would beat on for ever."""
+        self._beating = False
+        if self._task:
+            self._task.cancel()
+
+    async def beat_if_beating(self) -> None:
+        """A beat now (e.g. when the broker is back), unless the worker has stopped beating."""
+        if self._beating:
+            await self.beat()
+
     async def _loop(self) -> None:
-        while True:
+        while self._beating:
             try:
                 await self.beat()
                 self.state.ok()
@@ -145,8 +161,8 @@ class Heartbeater:
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
+        self.halt()
         if self._task:
-            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(Exception):

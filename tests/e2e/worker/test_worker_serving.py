@@ -248,7 +248,7 @@ async def test_heartbeats_show_the_worker_and_vanish_when_it_dies(make_worker, c
     assert beat.pool == POOL and beat.capacity == 8 and beat.max_rank == 16
     ttl = (await kv.status()).ttl  # set by whichever worker created the bucket
     assert ttl and ttl <= 10
-    worker.heartbeat._task.cancel()  # stop beating without saying goodbye, as a crash would
+    worker.heartbeat.halt()  # stop beating without saying goodbye, as a crash would
     await asyncio.sleep(ttl + 1.5)
     # JetStream expires keys on a timer of its own: on a loaded machine the last one can outlive the TTL
     # by a few seconds (seen once in a full run), so the key must be gone soon after, not at the instant.

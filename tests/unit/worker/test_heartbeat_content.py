@@ -3,6 +3,7 @@ tier hits, its hottest adapters' request counts, and since when each adapter is 
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -126,3 +127,36 @@ async def test_a_worker_with_thousands_of_adapters_on_disk_beats_in_a_bounded_me
     assert sent.adapters[DISK] == on_disk[:DISK_DIGESTS_IN_BEAT] and sent.adapters[GPU] == [A]
     assert sent.adapter_counts == {GPU: 1, CPU: 1, DISK: 10_000}
     assert set(sent.adapter_since) == {A, B, *on_disk[:DISK_DIGESTS_IN_BEAT]}
+
+
+async def test_a_halted_heartbeat_stops_even_when_a_beat_swallows_the_cancel():
+    """Python 3.11's wait_for can swallow a cancel that lands as its inner future completes (nats-py's
+    publish awaits one): the loop must still stop, or a 'crashed' worker would stay in the pool."""
+    heartbeater = beating(FakeTiers())
+    heartbeater.interval_s = 0.001  # the beats take all the time: the cancel lands inside one
+    beats, swallowing = [], [True]
+
+    async def beat_that_swallows_cancel():
+        beats.append(1)
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if not swallowing[0]:
+                raise
+            # else: what the wait_for race looks like from outside
+
+    heartbeater.beat = beat_that_swallows_cancel
+    heartbeater.start()
+    try:
+        await asyncio.sleep(0.12)
+        heartbeater.halt()
+        await asyncio.sleep(0.08)
+        after_halt = len(beats)
+        await asyncio.sleep(0.2)
+        assert len(beats) == after_halt, "the loop kept beating after halt()"
+        assert heartbeater._task.done()
+        await heartbeater.beat_if_beating()
+        assert len(beats) == after_halt
+    finally:
+        swallowing[0] = False  # a failed test must not leave an unstoppable task behind
+        heartbeater._task.cancel()
