@@ -12,9 +12,15 @@ shared submission consumer; the first `--warmup` seconds are not measured.
 Per routing policy (a fresh fleet each, empty caches): adapter loads per 1k requests (engine host-cache
 loads + cold loads from disk or S3), slot hit rate, max/mean in-flight load at assignment, bound
 violations (load after assignment > ceil(c x (total + 1) / n), reconstructed from every request's
-assignment and result times), p50/p99 latency; beside each, the simulator's prediction for the same
-configuration and the ratio measured / predicted. Then a fault run: mid-run one gateway and a quarter of
-the workers are SIGKILLed; every submission must be answered exactly once. JSON and a plot in --out.
+assignment and result times: at the gateway's choice, and at the worker's taking it, which is where the
+workers' own check of the bound holds it), messages passed on over the bound, p50/p99 latency; beside
+each, the simulator's prediction for the same configuration and the ratio measured / predicted. Then a
+fault run: mid-run one gateway and a quarter of the workers are SIGKILLed; every submission must be
+answered exactly once. JSON and a plot in --out.
+
+Policies: `bounded_load` (the default: gateways' bound + the workers' own check), `bounded_load_approx`
+(the gateways' bound alone: the workers pass nothing on), and the baselines (`random`, ...: the workers'
+check off too, so a baseline is what it says).
 """
 
 from __future__ import annotations
@@ -126,21 +132,26 @@ async def drive(client, key: str, stream, aliases: list[str], args, on_tick=None
 
 
 # --- analysis ---------------------------------------------------------------------------------------
-def assignment_loads(samples: list[Sample], workers: int, c: float) -> dict:
+def assignment_loads(samples: list[Sample], workers: int, c: float, *, at_worker: bool = False) -> dict:
     """Each worker's in-flight load at every measured assignment, from the requests' own stamps:
-    assigned at the gateway (fetched_at - queue_s), done when the worker published the result."""
+    assigned at the gateway (fetched_at - queue_s), or (`at_worker`) when the worker that ran it took it
+    (fetched_at); done when the worker published the result."""
+
+    def assigned(t) -> float:
+        return t.fetched_at if at_worker else t.fetched_at - t.queue_s
+
     spans = defaultdict(list)  # worker -> [(assigned, done)]
     for s in samples:
         t = s.result.timings
         if s.result.ok and t.fetched_at and t.result_sent_at:
-            spans[s.result.worker_id].append((t.fetched_at - t.queue_s, t.result_sent_at))
+            spans[s.result.worker_id].append((assigned(t), t.result_sent_at))
     every = [(a, d) for lst in spans.values() for a, d in lst]
     ratios, violations, assignments = [], 0, 0
     for s in samples:
         t = s.result.timings
         if not (s.measured and s.result.ok and t.fetched_at):
             continue
-        at = t.fetched_at - t.queue_s
+        at = assigned(t)
         mine = sum(1 for a, d in spans[s.result.worker_id] if a < at < d)
         total = sum(1 for a, d in every if a < at < d)
         after = mine + 1
@@ -179,6 +190,7 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
         "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
         "latency_p99_s": _pct(latencies, 99),
         **assignment_loads(samples, workers, c),
+        "bound_violations_at_worker": assignment_loads(samples, workers, c, at_worker=True)["bound_violations"],
     }
 
 
@@ -211,7 +223,9 @@ async def run_policy(
 ) -> tuple[dict, list[Sample]]:
     from libs.client import LoraplexClient
 
-    spec = FleetSpec(routing_policy=policy, decode_tok_s=args.decode_tok_s)
+    spec = FleetSpec(
+        routing_policy=routing_of(policy), decode_tok_s=args.decode_tok_s, load_bound=policy == "bounded_load"
+    )
     fleet = Fleet(env_file=stack.env_file, state=state / f"{policy}{'-faults' if faults else ''}", spec=spec)
     fleet.up(args.gateways, args.workers)
     killed: dict = {}
@@ -229,11 +243,25 @@ async def run_policy(
         async with LoraplexClient(connections.nats_url, api_key=key, **_operator(connections)) as client:
             samples = await drive(client, key, stream, aliases, args, on_tick=maybe_kill)
             summary = summarise(samples, args.workers, DEFAULT_BALANCE_FACTOR)
+            summary["passed_on_per_1000"] = await passed_on(client.js) * 1000.0 / max(1, len(samples))
             if faults:
                 summary.update(await exactly_once(client, samples))
     finally:
         fleet.stop()
     return summary, samples
+
+
+def routing_of(policy: str) -> str:
+    """The gateways' routing policy of a benchmark policy (bounded_load_approx routes as bounded_load)."""
+    return "bounded_load" if policy == "bounded_load_approx" else policy
+
+
+async def passed_on(js) -> int:
+    """Messages the workers passed on over the load bound in this run (their heartbeats' counts)."""
+    from libs.fleetview.sources import read_heartbeats
+
+    beats = (await read_heartbeats(js)).beats
+    return sum(b.bound_passed_on for b in beats.values() if b.pool == FleetSpec().pool)
 
 
 def _operator(connections) -> dict:
@@ -278,7 +306,11 @@ async def main_async(args) -> dict:
             print(f"  measured {policy}", flush=True)
         if args.faults:
             faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
-        predicted = predict(args, args.policies, FleetSpec(decode_tok_s=args.decode_tok_s)) if args.policies else {}
+        predicted = {}
+        if args.policies:
+            simulated = sorted({routing_of(p) for p in args.policies})
+            by_routing = predict(args, simulated, FleetSpec(decode_tok_s=args.decode_tok_s))
+            predicted = {p: by_routing[routing_of(p)] for p in args.policies}
     finally:
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
@@ -297,6 +329,8 @@ FIGURES = (
     ("slot_hit_rate", "slot hits", "{:.2f}"),
     ("assigned_load_ratio_max", "max/mean", "{:.2f}"),
     ("bound_violations", "bound viol.", "{:.0f}"),
+    ("bound_violations_at_worker", "viol. at worker", "{:.0f}"),
+    ("passed_on_per_1000", "passed on/1k", "{:.1f}"),
     ("latency_p50_s", "p50 s", "{:.2f}"),
     ("latency_p99_s", "p99 s", "{:.2f}"),
 )
@@ -373,7 +407,7 @@ def main() -> int:
     parser.add_argument("--decode-tok-s", type=float, default=16.0, help="simulated decode rate per sequence")
     parser.add_argument("--top-k", type=int, default=25, help="the most popular adapters ...")
     parser.add_argument("--top-share", type=float, default=0.8, help="... carry this share of the requests")
-    parser.add_argument("--policies", nargs="*", default=["bounded_load", "random"])
+    parser.add_argument("--policies", nargs="*", default=["bounded_load", "bounded_load_approx", "random"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-faults", dest="faults", action="store_false", help="skip the fault run")
     args = parser.parse_args()

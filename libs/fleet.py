@@ -44,6 +44,9 @@ class FleetSpec:
     sim_profile: Path | None = None
     routing_policy: str = "bounded_load"
     load_signal: str = "fleet"
+    # The workers check the pool's load bound again as they take work (services/worker/load_bound.py);
+    # off: the gateways' bound alone (the fleet benchmark's comparison, and the baseline policies).
+    load_bound: bool = True
     heartbeat_interval_s: float = 0.5
     heartbeat_ttl_s: float = 3.0
     log_level: str = "WARNING"
@@ -106,6 +109,7 @@ class Fleet:
             # The gateways' staleness (LPX_GATEWAY_HEARTBEAT_STALENESS_S): placement sees their ring.
             "LPX_WORKER_PLACEMENT_STALENESS_S": str(s.heartbeat_ttl_s),
             "LPX_WORKER_LOG_LEVEL": s.log_level,
+            "LPX_WORKER_LOAD_BOUND": "true" if s.load_bound else "false",
         }
         if s.sim_profile is not None:
             env["LPX_WORKER_SIM_PROFILE"] = str(s.sim_profile)

@@ -114,6 +114,11 @@ def worker_load(pool: str, worker: str) -> str:
     return f"{PREFIX}.load.{token(pool)}.{token(worker)}"
 
 
+def pool_load_filter(pool: str) -> str:
+    """Every worker's WorkerLoad in one pool (the workers' own load bound listens to it)."""
+    return f"{PREFIX}.load.{token(pool)}.*"
+
+
 # Each gateway's admissions per tenant, a few times a second (core NATS, not stored): see LimitReport.
 GATEWAY_LIMITS_ALL = f"{PREFIX}.limits.>"
 

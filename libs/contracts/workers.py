@@ -46,6 +46,8 @@ class WorkerHeartbeat(Message):
     placement_owned: int = 0
     placement_resident: int = 0
     placement_backlog: int = 0
+    # The pool's load bound (services/worker/load_bound.py): messages passed on to another worker since start.
+    bound_passed_on: int = 0
 
 
 class WorkerLoad(Message):

@@ -111,9 +111,11 @@ GATEWAY = Role(
 WORKER = Role(
     "worker",
     "consumes its pool's inference work, publishes results, token deltas, load and heartbeats",
-    publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL),  # INFER: drain hand-offs
-    # Activations: the owner of a new version fetches it before its first request.
-    subscribe=("lpx.control.>", s.adapter_event("activated")),
+    # INFER: drain hand-offs, and work passed on over the pool's load bound
+    publish=(s.RESULTS_ALL, s.TOKENS_ALL, s.WORKER_LOAD_ALL, s.INFER_ALL, s.DLQ_ALL),
+    # Activations: the owner of a new version fetches it before its first request. Load: the others'
+    # in-flight counts, for the pool's load bound (no tenant data in them).
+    subscribe=("lpx.control.>", s.adapter_event("activated"), s.WORKER_LOAD_ALL),
     consume=(s.INFER_STREAM,),
     read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET, s.ADAPTER_DEMAND_BUCKET),

@@ -26,6 +26,7 @@ from services.worker.batch_share import batch_share_for
 from services.worker.disk_cache import DiskCache
 from services.worker.engine_setup import admission_for, engine_config
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
+from services.worker.load_bound import RETURN_DELAY_S, LoadBound, passed_on_headers, pool_subject
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
 from services.worker.placement import Placement
 from services.worker.processor import RequestProcessor
@@ -85,6 +86,9 @@ class Worker:
         # With a batch share the worker pulls what its engine could hold and the share picks who runs.
         self.capacity = Capacity(self.batch_share.most if self.batch_share else settings.capacity)
         self.placement = Placement(self, settings, self.tiers)
+        self.bound = (
+            LoadBound(self.worker_id, settings.balance_factor, self.telemetry.meter()) if settings.load_bound else None
+        )
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.handed_off = 0
@@ -132,6 +136,12 @@ class Worker:
         self.heartbeat.start()
         if s.placement:
             await self.placement.start(self.nc)
+        if self.bound is not None:
+            self._load_sub = await self.nc.subscribe(subjects.pool_load_filter(s.pool), cb=self.bound.on_load)
+            self._watch_members = asyncio.create_task(
+                self.bound.watch_members(self.js, s.pool, s.placement_staleness_s, s.heartbeat_interval_s),
+                name="bound-members",
+            )
         self._loops = [
             asyncio.create_task(self._pulling(self.own, "own").run(self._stopping), name="pull-own"),
             asyncio.create_task(self._pulling(self.shared, "pool").run(self._stopping), name="pull-pool"),
@@ -159,6 +169,8 @@ class Worker:
         self._stopping.set()
         for loop in self._loops:
             loop.cancel()
+        if self.bound is not None:
+            self._watch_members.cancel()
         await _bounded(asyncio.gather(*self._loops, return_exceptions=True), 10, "pull loops")
         log.debug("drain: pulling stopped", extra={"worker": self.worker_id})
         if self.batch_share is not None:  # pulled but not started: back to the queue, then handed off
@@ -181,9 +193,14 @@ class Worker:
     # --- pulling -------------------------------------------------------------------------------
     def _pulling(self, sub, name: str) -> PullConsumer:
         async def room() -> int:
-            return await self.capacity.wait_for_room()
+            free = await self.capacity.wait_for_room()
+            if name == "pool" and self.bound is not None:  # only what keeps this worker within the bound
+                free = await self.bound.wait_for_room(lambda: self.in_flight, free)
+            return free
 
         async def start(msgs: list) -> None:
+            if self.bound is not None:
+                msgs = await (self._within_bound_own(msgs) if name == "own" else self._within_bound_pool(msgs))
             self.capacity.take(len(msgs))
             await self._report_load()
             for msg in msgs:
@@ -192,6 +209,43 @@ class Worker:
         return PullConsumer(
             sub, name, room=room, deliver=start, poll_s=0.5, max_batch=16, after_failure=self._recreate_consumers
         )
+
+    async def _within_bound_own(self, msgs: list) -> list:
+        """What this worker keeps of its own subject's messages; those over the pool's load bound go to the
+        pool's shared subject (services/worker/load_bound.py)."""
+        kept = []
+        for msg in msgs:
+            if not (self.bound.over(self.in_flight + len(kept)) and await self._pass_on(msg)):
+                kept.append(msg)
+        return kept
+
+    async def _within_bound_pool(self, msgs: list) -> list:
+        """What this worker keeps of the pool's messages; one over the bound (the own subject filled the
+        worker while this pull waited) goes back to the pool's consumer, until it came back too often."""
+        kept = []
+        for msg in msgs:
+            deliveries = getattr(getattr(msg, "metadata", None), "num_delivered", 1) or 1
+            if self.bound.over(self.in_flight + len(kept)) and not self.bound.keep_returned(deliveries):
+                with contextlib.suppress(Exception):  # not handed back: redelivered after ack_wait
+                    await msg.nak(delay=RETURN_DELAY_S)
+                continue
+            kept.append(msg)
+        return kept
+
+    async def _pass_on(self, msg) -> bool:
+        """Publish to the pool's shared subject, then ack: false (keep it here) when the publish fails."""
+        started = time.perf_counter()
+        try:
+            await self.js.publish(
+                pool_subject(self.settings.pool, msg), msg.data, headers=passed_on_headers(msg, self.worker_id)
+            )
+        except Exception as exc:
+            log.warning("could not pass a message on over the load bound (%s); kept", type(exc).__name__)
+            return False
+        with contextlib.suppress(Exception):  # not acked: redelivered here, and its copy is stored once
+            await msg.ack()
+        self.bound.passed_on(time.perf_counter() - started)
+        return True
 
     async def _report_load(self) -> None:
         """Tell the gateways this worker's in-flight count now (core NATS, fire and forget)."""

@@ -120,6 +120,7 @@ class Heartbeater:
             placement_owned=w.placement.stats.owned,
             placement_resident=w.placement.stats.resident,
             placement_backlog=w.placement.stats.backlog,
+            bound_passed_on=w.bound.handed_on if getattr(w, "bound", None) is not None else 0,
             tier_hits=dict(w.metrics.found_at),
             adapter_requests=dict(w.tiers.hotness.top(HOT_ADAPTERS_IN_BEAT)),
             adapter_since=self.tenure.update(listed, time.time()),

@@ -79,6 +79,12 @@ class WorkerSettings(ServiceSettings):
     placement_disk_share: float = Field(0.8, gt=0, le=1)
     placement_host_ram_top: int = Field(4, ge=0)
     placement_staleness_s: float = Field(10.0, gt=0)
+    # The pool's load bound, checked again here (services/worker/load_bound.py): a message taken from this
+    # worker's own subject while its load is over ceil(c * (m + 1) / n) goes to the pool's shared subject,
+    # and the shared subject is pulled only within the bound. `balance_factor` must be the gateways'
+    # (LPX_GATEWAY_BALANCE_FACTOR). Off: the gateways' bound alone (a few percent over it with several).
+    load_bound: bool = True
+    balance_factor: float = Field(1.25, gt=1.0)
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
     ack_wait_s: float = 30.0

@@ -1,0 +1,96 @@
+"""The worker's own check of the pool's load bound (services/worker/load_bound.py): keep within the
+bound, over it pass on (own subject) or hand back (pool subject), and pull the pool only within it."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from opentelemetry.sdk.metrics import MeterProvider
+
+from libs.contracts import WorkerLoad, subjects
+from libs.routing import load_bound
+from services.worker.load_bound import MAX_RETURNS, LoadBound, passed_on_headers, pool_subject
+
+C = 1.25
+
+
+def bound_for(me: str, members: list[str], loads: dict[str, int]) -> LoadBound:
+    guard = LoadBound(me, C, MeterProvider().get_meter("test"))
+    guard.pool.set_members(members)
+    for worker, in_flight in loads.items():
+        guard.pool.reported(worker, in_flight, ts=1.0)
+    return guard
+
+
+def test_within_the_bound_it_stays_over_it_it_goes():
+    guard = bound_for("a", ["a", "b"], {"b": 3})
+    # m = 2 + 3 = 5 over 2 workers: ceil(1.25 * 6 / 2) = 4, and a would hold 3
+    assert guard.bound(2) == load_bound(5, 2, C) == 4
+    assert not guard.over(2)
+    assert not guard.over(6)  # m = 9: ceil(1.25 * 10 / 2) = 7, and a would hold 7
+    assert guard.over(7)  # m = 10: ceil(1.25 * 11 / 2) = 7 < 8
+
+
+def test_room_is_what_keeps_the_worker_within_the_bound():
+    guard = bound_for("a", ["a", "b", "c"], {"b": 4, "c": 4})
+    free = guard.room(0, most=50)
+    assert free > 0
+    assert not guard.over(free - 1) and guard.over(free)
+    assert guard.room(0, most=2) == 2  # never more than the capacity leaves
+    assert guard.room(free, most=50) == 0
+
+
+async def test_waiting_for_room_ends_when_another_worker_reports_less():
+    guard = bound_for("a", ["a", "b"], {"b": 0})
+    own = 5  # over: ceil(1.25 * 6 / 2) = 4 < 6
+    assert guard.room(own, most=8) == 0
+    waiter = asyncio.create_task(guard.wait_for_room(lambda: own, 8, poll_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    guard.pool.reported("b", 6, ts=2.0)  # the others filled up: the bound grew (m = 11: ceil(15 / 2) = 8)
+    assert await asyncio.wait_for(waiter, 1.0) >= 1
+
+
+def test_alone_in_the_pool_it_keeps_everything():
+    guard = bound_for("a", ["a"], {})
+    assert not guard.over(50) and guard.room(50, most=8) == 8
+
+
+def test_a_returned_pool_message_is_kept_after_too_many_returns():
+    guard = bound_for("a", ["a", "b"], {})
+    assert not guard.keep_returned(1)
+    assert not guard.keep_returned(MAX_RETURNS)
+    assert guard.keep_returned(MAX_RETURNS + 1) and guard.kept_over == 1
+
+
+def test_older_load_reports_do_not_overwrite_newer_ones():
+    guard = bound_for("a", ["a", "b"], {})
+    guard.pool.reported("b", 5, ts=10.0)
+    guard.pool.reported("b", 1, ts=9.0)
+    assert guard.pool.load("b") == 5
+
+
+async def test_load_messages_update_the_others_and_garbage_is_ignored():
+    guard = bound_for("a", ["a", "b"], {})
+    await guard.on_load(SimpleNamespace(data=WorkerLoad(worker_id="b", pool="p", in_flight=7).model_dump_json()))
+    await guard.on_load(SimpleNamespace(data=WorkerLoad(worker_id="a", pool="p", in_flight=99).model_dump_json()))
+    await guard.on_load(SimpleNamespace(data=b"{not json"))
+    assert guard.pool.load("b") == 7 and guard.pool.load("a") == 0
+
+
+def test_members_come_from_the_heartbeats_and_always_include_this_worker():
+    guard = bound_for("a", ["a", "b", "c"], {})
+    guard.pool.set_members(["b"], {"b": SimpleNamespace(in_flight=2, ts=5.0)})
+    assert guard.pool.members == ("a", "b") and guard.pool.load("b") == 2
+    assert guard.bound(0) == load_bound(2, 2, C)  # c left: no longer counted
+
+
+def test_a_passed_on_message_keeps_its_headers_and_gets_its_own_id_on_the_pool_subject():
+    msg = SimpleNamespace(
+        headers={"Nats-Msg-Id": "r1@gw", "traceparent": "00-abc"}, reply="$JS.ACK.x", subject="lpx.infer.p.w.tok"
+    )
+    headers = passed_on_headers(msg, "a")
+    assert headers["traceparent"] == "00-abc" and headers["Nats-Msg-Id"] == "r1@gw-bound-a"
+    assert passed_on_headers(msg, "a") == headers  # a redelivery passed on again: the same id (stored once)
+    assert pool_subject("p", msg) == subjects.infer_any("p", "tok")
