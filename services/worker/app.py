@@ -87,7 +87,14 @@ class Worker:
         self.capacity = Capacity(self.batch_share.most if self.batch_share else settings.capacity)
         self.placement = Placement(self, settings, self.tiers)
         self.bound = (
-            LoadBound(self.worker_id, settings.balance_factor, self.telemetry.meter()) if settings.load_bound else None
+            LoadBound(
+                self.worker_id,
+                settings.balance_factor,
+                self.telemetry.meter(),
+                staleness_s=settings.placement_staleness_s,
+            )
+            if settings.load_bound
+            else None
         )
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
@@ -138,10 +145,7 @@ class Worker:
             await self.placement.start(self.nc)
         if self.bound is not None:
             self._load_sub = await self.nc.subscribe(subjects.pool_load_filter(s.pool), cb=self.bound.on_load)
-            self._watch_members = asyncio.create_task(
-                self.bound.watch_members(self.js, s.pool, s.placement_staleness_s, s.heartbeat_interval_s),
-                name="bound-members",
-            )
+        await self.report_load()  # in the others' load bound from now, not from its first request
         self._loops = [
             asyncio.create_task(self._pulling(self.own, "own").run(self._stopping), name="pull-own"),
             asyncio.create_task(self._pulling(self.shared, "pool").run(self._stopping), name="pull-pool"),
@@ -169,8 +173,6 @@ class Worker:
         self._stopping.set()
         for loop in self._loops:
             loop.cancel()
-        if self.bound is not None:
-            self._watch_members.cancel()
         await _bounded(asyncio.gather(*self._loops, return_exceptions=True), 10, "pull loops")
         log.debug("drain: pulling stopped", extra={"worker": self.worker_id})
         if self.batch_share is not None:  # pulled but not started: back to the queue, then handed off
@@ -202,7 +204,7 @@ class Worker:
             if self.bound is not None:
                 msgs = await (self._within_bound_own(msgs) if name == "own" else self._within_bound_pool(msgs))
             self.capacity.take(len(msgs))
-            await self._report_load()
+            await self.report_load()
             for msg in msgs:
                 self._spawn(msg)
 
@@ -247,8 +249,9 @@ class Worker:
         self.bound.passed_on(time.perf_counter() - started)
         return True
 
-    async def _report_load(self) -> None:
-        """Tell the gateways this worker's in-flight count now (core NATS, fire and forget)."""
+    async def report_load(self) -> None:
+        """Tell the gateways and the pool's workers this worker's in-flight count now (core NATS, fire and
+        forget): on every change, and with every heartbeat (the workers' load bound counts live workers)."""
         load = WorkerLoad(worker_id=self.worker_id, pool=self.settings.pool, in_flight=self.in_flight)
         with contextlib.suppress(Exception):  # best effort: the heartbeat carries it too
             await self.nc.publish(
@@ -284,7 +287,7 @@ class Worker:
         finally:
             self.metrics.in_flight.add(-1)
             await self.capacity.give_back(1)
-            await self._report_load()
+            await self.report_load()
             self._token_window.append((time.monotonic(), self.processor.generated_tokens))
 
     async def _hand_off_backlog(self) -> int:

@@ -155,6 +155,11 @@ class Heartbeater:
     async def _loop(self) -> None:
         while self._beating:
             try:
+                # The pool's workers count who is live by WorkerLoad (load_bound.py). Sent before the beat:
+                # the beat (in flight + queued) stays the gateways' fresher view until the next change.
+                report_load = getattr(self.worker, "report_load", None)
+                if report_load is not None:
+                    await report_load()
                 await self.beat()
                 self.state.ok()
             except Exception as exc:

@@ -34,13 +34,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
 
 from opentelemetry import metrics
 from pydantic import ValidationError
 
 from libs.contracts import WorkerLoad, subjects
-from libs.fleetview.sources import read_heartbeats
 from libs.routing import load_bound
 
 log = logging.getLogger(__name__)
@@ -51,19 +49,23 @@ RETURN_DELAY_S = 0.1
 
 
 class PoolLoads:
-    """What this worker knows of its pool: the live members and each one's latest in-flight count."""
+    """What this worker knows of its pool: each worker's latest WorkerLoad (every worker publishes one on
+    every change and at least every few seconds). The members are the workers heard from within
+    `staleness_s`, the gateways' heartbeat staleness: both sides count the same workers within seconds.
+    No KV reads: with dozens of workers, polling the heartbeat bucket would cost thousands of requests
+    a second on the broker."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(self, me: str, staleness_s: float = 10.0, clock=time.time) -> None:
         self.me = me
-        self.members: tuple[str, ...] = (me,)
+        self.staleness_s = staleness_s
+        self._clock = clock
         self._loads: dict[str, tuple[int, float]] = {}  # worker -> (in_flight, ts)
 
-    def set_members(self, members: Iterable[str], beats: dict | None = None) -> None:
-        """The live workers (from the heartbeats: the gateways' ring); their beats seed unknown loads."""
-        members = tuple(sorted(set(members) | {self.me}))
-        for worker, beat in (beats or {}).items():
-            self.reported(worker, beat.in_flight, beat.ts)
-        self.members = members
+    @property
+    def members(self) -> tuple[str, ...]:
+        now = self._clock()
+        fresh = {w for w, (_, ts) in self._loads.items() if now - ts <= self.staleness_s}
+        return tuple(sorted(fresh | {self.me}))
 
     def reported(self, worker: str, in_flight: int, ts: float) -> None:
         known = self._loads.get(worker)
@@ -77,10 +79,10 @@ class PoolLoads:
 class LoadBound:
     """Decides, per message taken, whether this worker keeps it (services/worker/app.py acts on it)."""
 
-    def __init__(self, me: str, c: float, meter: metrics.Meter | None = None) -> None:
+    def __init__(self, me: str, c: float, meter: metrics.Meter | None = None, staleness_s: float = 10.0) -> None:
         self.me = me
         self.c = c
-        self.pool = PoolLoads(me)
+        self.pool = PoolLoads(me, staleness_s)
         self.handed_on = 0  # counted for the heartbeat (`lpx top`, the fleet benchmark)
         self.kept_over = 0  # taken over the bound after MAX_RETURNS returns
         meter = meter or metrics.get_meter("loraplex.worker")
@@ -98,8 +100,9 @@ class LoadBound:
         )
 
     def bound(self, own_in_flight: int) -> int:
-        others = sum(self.pool.load(w) for w in self.pool.members if w != self.me)
-        return load_bound(own_in_flight + others, len(self.pool.members), self.c)
+        members = self.pool.members
+        others = sum(self.pool.load(w) for w in members if w != self.me)
+        return load_bound(own_in_flight + others, len(members), self.c)
 
     def over(self, own_in_flight: int) -> bool:
         """Would taking one more put this worker over the pool's bound?"""
@@ -138,18 +141,6 @@ class LoadBound:
             load = WorkerLoad.model_validate_json(msg.data)
             if load.worker_id != self.me:
                 self.pool.reported(load.worker_id, load.in_flight, load.ts)
-
-    async def watch_members(self, js, pool: str, staleness_s: float, every_s: float) -> None:
-        """Keep the members as the gateways see them: workers of this pool with a fresh heartbeat."""
-        while True:
-            try:
-                beats = (await read_heartbeats(js)).beats
-                now = time.time()
-                live = {w: b for w, b in beats.items() if b.pool == pool and now - b.ts <= staleness_s}
-                self.pool.set_members(live, {w: b for w, b in live.items() if w != self.me})
-            except Exception as exc:  # the broker is away: keep the last view, try again
-                log.debug("load bound: heartbeats not read (%s)", type(exc).__name__)
-            await asyncio.sleep(every_s)
 
 
 def passed_on_headers(msg, me: str) -> dict[str, str]:

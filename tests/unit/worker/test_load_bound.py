@@ -15,11 +15,16 @@ from services.worker.load_bound import MAX_RETURNS, LoadBound, passed_on_headers
 C = 1.25
 
 
+NOW = 1000.0
+
+
 def bound_for(me: str, members: list[str], loads: dict[str, int]) -> LoadBound:
-    guard = LoadBound(me, C, MeterProvider().get_meter("test"))
-    guard.pool.set_members(members)
-    for worker, in_flight in loads.items():
-        guard.pool.reported(worker, in_flight, ts=1.0)
+    """`members` have reported (0 unless `loads` says otherwise), just now."""
+    guard = LoadBound(me, C, MeterProvider().get_meter("test"), staleness_s=10.0)
+    guard.pool._clock = lambda: NOW
+    for worker in members:
+        if worker != me:
+            guard.pool.reported(worker, loads.get(worker, 0), ts=NOW - 1)
     return guard
 
 
@@ -48,7 +53,7 @@ async def test_waiting_for_room_ends_when_another_worker_reports_less():
     waiter = asyncio.create_task(guard.wait_for_room(lambda: own, 8, poll_s=0.01))
     await asyncio.sleep(0.05)
     assert not waiter.done()
-    guard.pool.reported("b", 6, ts=2.0)  # the others filled up: the bound grew (m = 11: ceil(15 / 2) = 8)
+    guard.pool.reported("b", 6, ts=NOW)  # the others filled up: the bound grew (m = 11: ceil(15 / 2) = 8)
     assert await asyncio.wait_for(waiter, 1.0) >= 1
 
 
@@ -66,24 +71,29 @@ def test_a_returned_pool_message_is_kept_after_too_many_returns():
 
 def test_older_load_reports_do_not_overwrite_newer_ones():
     guard = bound_for("a", ["a", "b"], {})
-    guard.pool.reported("b", 5, ts=10.0)
-    guard.pool.reported("b", 1, ts=9.0)
+    guard.pool.reported("b", 5, ts=NOW)
+    guard.pool.reported("b", 1, ts=NOW - 0.5)
     assert guard.pool.load("b") == 5
 
 
 async def test_load_messages_update_the_others_and_garbage_is_ignored():
     guard = bound_for("a", ["a", "b"], {})
-    await guard.on_load(SimpleNamespace(data=WorkerLoad(worker_id="b", pool="p", in_flight=7).model_dump_json()))
-    await guard.on_load(SimpleNamespace(data=WorkerLoad(worker_id="a", pool="p", in_flight=99).model_dump_json()))
+    for worker, in_flight in (("b", 7), ("a", 99)):
+        load = WorkerLoad(worker_id=worker, pool="p", in_flight=in_flight, ts=NOW)
+        await guard.on_load(SimpleNamespace(data=load.model_dump_json()))
     await guard.on_load(SimpleNamespace(data=b"{not json"))
     assert guard.pool.load("b") == 7 and guard.pool.load("a") == 0
 
 
-def test_members_come_from_the_heartbeats_and_always_include_this_worker():
-    guard = bound_for("a", ["a", "b", "c"], {})
-    guard.pool.set_members(["b"], {"b": SimpleNamespace(in_flight=2, ts=5.0)})
-    assert guard.pool.members == ("a", "b") and guard.pool.load("b") == 2
-    assert guard.bound(0) == load_bound(2, 2, C)  # c left: no longer counted
+def test_members_are_the_workers_heard_from_lately_and_always_this_one():
+    guard = bound_for("a", ["a", "b", "c"], {"b": 2, "c": 4})
+    assert guard.pool.members == ("a", "b", "c")
+    guard.pool._clock = lambda: NOW + 9.5  # c reports again, b has been silent for 10.5 s: gone
+    guard.pool.reported("c", 4, ts=NOW + 9.0)
+    assert guard.pool.members == ("a", "c")
+    assert guard.bound(0) == load_bound(4, 2, C)  # b's load no longer counted
+    guard.pool._clock = lambda: NOW + 60
+    assert guard.pool.members == ("a",)
 
 
 def test_a_passed_on_message_keeps_its_headers_and_gets_its_own_id_on_the_pool_subject():
