@@ -130,9 +130,10 @@ class Fleet:
         proc.wait(10)
 
     async def wait_ready(self, workers: int, timeout_s: float = 180) -> None:
-        """Every gateway ready and seeing `workers` live workers in the fleet's pool (beside `lpx up`, the
-        platform's own workers are live too, in their pools)."""
+        """Every running worker started (its ready line), and every gateway ready and seeing `workers` live
+        workers in the fleet's pool (beside `lpx up`, the platform's own workers are live too)."""
         deadline = time.monotonic() + timeout_s
+        await self._wait_workers_started(deadline)
         async with httpx.AsyncClient(timeout=5) as http:
             for gateway_id, (proc, url) in self.gateways.items():
                 while True:
@@ -147,6 +148,15 @@ class Fleet:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{gateway_id} never saw {workers} workers in pool {self.spec.pool}")
                     await asyncio.sleep(0.25)
+
+    async def _wait_workers_started(self, deadline: float) -> None:
+        """A worker prints its ready line once it consumes, reports its load and listens to the pool's
+        (services/worker/__main__.py): a test without gateways has nothing else to wait on."""
+        for worker_id, proc in self.workers.items():
+            while proc.poll() is None and f"worker {worker_id} ready" not in self.log_tail(worker_id, 200):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {worker_id} never started: {self.log_tail(worker_id)}")
+                await asyncio.sleep(0.25)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.state / f"{name}.log"

@@ -6,6 +6,7 @@ worker took a request while its load was over ceil(c * (m + 1) / n)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 
 import nats
@@ -37,12 +38,12 @@ async def test_a_burst_to_one_worker_is_split_at_the_bound_and_answered_once(fle
     for worker in ("sim-0", "sim-1"):
         fleet.start_worker(worker)
     await fleet.wait_ready(2)
-    await asyncio.sleep(1.5)  # each worker has read the other's heartbeat (its members: every 0.5 s)
+    await asyncio.sleep(1.5)  # each has heard the other's load report since (one before every 0.5 s beat)
 
     nc = await nats.connect(connections.nats_url, **connections.nats_auth("admin"))
     js = nc.jetstream()
     results: dict[str, list[InferenceResult]] = {}
-    await nc.subscribe(subjects.RESULTS_ALL, cb=lambda msg: _collect(results, msg))
+    await nc.subscribe(subjects.RESULTS_ALL, cb=functools.partial(_collect, results))
     try:
         ids = []
         for _ in range(BURST):
