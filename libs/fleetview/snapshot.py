@@ -61,6 +61,8 @@ class WorkerRow:
     placement_owned: int = 0
     placement_resident: int = 0
     placement_backlog: int = 0
+    # Messages this worker passed to the pool over the pool's load bound (services/worker/load_bound.py).
+    passed_on: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ def worker_row(pair: BeatPair, now: float) -> WorkerRow:
         placement_owned=beat.placement_owned,
         placement_resident=beat.placement_resident,
         placement_backlog=beat.placement_backlog,
+        passed_on=beat.bound_passed_on,
     )
 
 

@@ -73,7 +73,7 @@ def two_workers() -> dict[str, BeatPair]:
     """sim-0 serves HOT at 10 req/s from its gpu slot; sim-1 holds HOT on disk and WARM in gpu, 1 req/s."""
     return {
         "sim-0": BeatPair(
-            beat(ts=102.0, tokens=900, requests={HOT: 40, WARM: 5}),
+            beat(ts=102.0, tokens=900, requests={HOT: 40, WARM: 5}, bound_passed_on=7),
             beat(ts=100.0, tokens=500, requests={HOT: 20, WARM: 5}),
         ),
         "sim-1": BeatPair(
@@ -209,7 +209,7 @@ def test_snapshot_rows_and_json_shape():
     }
     sim0 = body["workers"][0]
     assert sim0["worker_id"] == "sim-0" and sim0["pool"] == "p16"
-    assert (sim0["in_flight"], sim0["capacity"], sim0["queued"]) == (3, 16, 1)
+    assert (sim0["in_flight"], sim0["capacity"], sim0["queued"], sim0["passed_on"]) == (3, 16, 1, 7)
     assert (sim0["gpu_adapters"], sim0["max_loras"], sim0["cpu_adapters"], sim0["disk_adapters"]) == (1, 4, 1, 1)
     assert sim0["tok_s"] == 200.0 and sim0["beat_age_s"] == 1.0
     assert sim0["tier_hits"] == {"gpu": 8, "cpu": 1, "disk": 0, "object_store": 1}
@@ -248,7 +248,7 @@ def test_the_frame_shows_workers_adapters_tenants_and_busy_queues():
     assert "2 workers in 1 pool, 2 gateways reporting" in text and "(q quits)" in text
     assert "! metrics http://gw:9000/metrics: connection refused" in text
     sim0 = next(line for line in text.splitlines() if "sim-0" in line and "p16" in line)
-    for cell in ("3/16", "1/4", "1/16", "200", "80/10/0/10", "1s"):
+    for cell in ("3/16", " 7 ", "1/4", "1/16", "200", "80/10/0/10", "1s"):
         assert cell in sim0, (cell, sim0)
     hot = next(line for line in text.splitlines() if HOT[:12] in line)
     assert "10.0" in hot and "sim-0 gpu 13s" in hot and "sim-1 disk 43s" in hot
