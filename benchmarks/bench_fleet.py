@@ -14,7 +14,9 @@ loads + cold loads from disk or S3), slot hit rate, max/mean in-flight load at a
 violations (load after assignment > ceil(c x (total + 1) / n), reconstructed from every request's
 assignment and result times: at the gateway's choice, and at the worker's taking it, which is where the
 workers' own check of the bound holds it), messages passed on over the bound, p50/p99 latency; beside
-each, the simulator's prediction for the same configuration and the ratio measured / predicted. Then a
+each, the simulator's prediction for the same configuration and the ratio measured / predicted (its
+placed scenario, placing as the workers do: by the demand seen so far, onto the disk tier; cold loads come
+from disk or S3, and the S3 column counts those from the object store alone). Then a
 fault run: mid-run one gateway and a quarter of the workers are SIGKILLed; every submission must be
 answered exactly once. JSON and a plot in --out.
 
@@ -179,6 +181,7 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     tiers = [s.result.adapter_tier for s in measured if s.result.ok]
     per_1k = 1000.0 / n if n else 0.0
     cold = sum(t in (AdapterTier.DISK, AdapterTier.OBJECT_STORE) for t in tiers)
+    from_s3 = sum(t == AdapterTier.OBJECT_STORE for t in tiers)
     host = sum(t == AdapterTier.CPU for t in tiers)
     latencies = [s.latency_s for s in measured if s.result.ok]
     return {
@@ -186,6 +189,7 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
         "errors": sum(not s.result.ok for s in measured),
         "loads_per_1000": (cold + host) * per_1k,
         "cold_loads_per_1000": cold * per_1k,
+        "object_fetches_per_1000": from_s3 * per_1k,
         "slot_hit_rate": sum(t == AdapterTier.GPU for t in tiers) / n if n else 0.0,
         "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
         "latency_p99_s": _pct(latencies, 99),
@@ -194,8 +198,10 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     }
 
 
-def predict(args, policies: list[str], spec: FleetSpec) -> dict[str, dict]:
-    """The routing simulator on the same configuration and the same seeded traffic."""
+def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The routing simulator on the same configuration and the same seeded traffic: its steady scenario
+    (no placement) and its placed one as the workers place (demand seen so far, onto a local disk tier
+    that holds the whole share, 10 fetches/s, re-planned every 10 s: the worker's defaults)."""
     config = SimConfig(
         adapters=args.adapters,
         top_k=args.top_k,
@@ -212,9 +218,14 @@ def predict(args, policies: list[str], spec: FleetSpec) -> dict[str, dict]:
         mixed_adapter_overhead=0.0,
         fetch_s_min=0.02,
         fetch_s_max=0.08,
+        placement_demand="seen",
+        placement_fetch_per_s=10.0,
+        placement_interval_s=10.0,
+        disk_cache_adapters=args.adapters,
         seed=args.seed,
     )
-    return run_comparison(config, policies, storm=False).steady
+    report = run_comparison(config, policies, storm=False)
+    return report.steady, report.placed
 
 
 # --- runs -------------------------------------------------------------------------------------------
@@ -306,11 +317,12 @@ async def main_async(args) -> dict:
             print(f"  measured {policy}", flush=True)
         if args.faults:
             faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
-        predicted = {}
+        predicted, predicted_steady = {}, {}
         if args.policies:
             simulated = sorted({routing_of(p) for p in args.policies})
-            by_routing = predict(args, simulated, FleetSpec(decode_tok_s=args.decode_tok_s))
-            predicted = {p: by_routing[routing_of(p)] for p in args.policies}
+            steady, placed = predict(args, simulated, FleetSpec(decode_tok_s=args.decode_tok_s))
+            predicted = {p: placed[routing_of(p)] for p in args.policies}  # the workers run placement
+            predicted_steady = {p: steady[routing_of(p)] for p in args.policies}
     finally:
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
@@ -319,6 +331,7 @@ async def main_async(args) -> dict:
         "config": vars(args) | {"out": str(args.out)},
         "measured": measured,
         "predicted": predicted,
+        "predicted_without_placement": predicted_steady,
         "faults": faults,
     }
 
@@ -326,6 +339,8 @@ async def main_async(args) -> dict:
 # --- report -----------------------------------------------------------------------------------------
 FIGURES = (
     ("loads_per_1000", "loads/1k", "{:.1f}"),
+    ("cold_loads_per_1000", "cold/1k", "{:.1f}"),
+    ("object_fetches_per_1000", "S3/1k", "{:.1f}"),
     ("slot_hit_rate", "slot hits", "{:.2f}"),
     ("assigned_load_ratio_max", "max/mean", "{:.2f}"),
     ("bound_violations", "bound viol.", "{:.0f}"),
@@ -344,7 +359,7 @@ def render(report: dict, out: Path) -> None:
     c = report["config"]
     table = Table(
         title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
-        f"adapters, {c['rate']} req/s Zipf (measured | simulator | ratio)"
+        f"adapters, {c['rate']} req/s Zipf (measured | simulator, placed as the workers place | ratio)"
     )
     table.add_column("policy")
     for _, label, _fmt in FIGURES:
@@ -357,6 +372,11 @@ def render(report: dict, out: Path) -> None:
             cells.append(f"{fmt.format(m[key])} | {fmt.format(p.get(key, float('nan')))} | {ratio:.2f}")
         table.add_row(policy, *cells)
     console.print(table)
+    for policy, p in report.get("predicted_without_placement", {}).items():
+        console.print(
+            f"simulator without placement, {policy}: cold/1k {p['cold_loads_per_1000']:.1f}, "
+            f"S3/1k {p['object_fetches_per_1000']:.1f}"
+        )
     f = report["faults"]
     if f:
         console.print(

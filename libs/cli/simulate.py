@@ -43,6 +43,16 @@ def simulate_command(
     ),
     placement_fetch_per_s: float = typer.Option(10.0, min=0.01, help="Placement fetches per second per replica."),
     placement_successors: int = typer.Option(1, min=1, help="Ring positions of an adapter that pre-load it."),
+    placement_demand: str = typer.Option(
+        "seen",
+        help="What placement ranks a replica's share by: 'seen' (requests seen so far, re-planned every 10 s, as "
+        "the workers rank by the gateways' demand counts) or 'oracle' (true popularity from the start: the bound).",
+    ),
+    disk_cache_adapters: int = typer.Option(
+        0,
+        min=0,
+        help="Adapters a replica keeps on local disk (placement fills it); 0: no disk tier, placement fills host RAM.",
+    ),
     churn_every_s: float = typer.Option(60.0, min=1, help="Placement with churn: a replica leaves, returns."),
     seed: int = typer.Option(0, help="Random seed (the same seed gives the same report)."),
     out: Path = typer.Option(None, help="Directory for report.json and PNG plots."),
@@ -91,6 +101,8 @@ def simulate_command(
             prewarm_top=prewarm_top,
             placement_fetch_per_s=placement_fetch_per_s,
             placement_successors=placement_successors,
+            placement_demand=placement_demand,
+            disk_cache_adapters=disk_cache_adapters,
             churn_every_s=churn_every_s,
             seed=seed,
             **{k: v for k, v in optional.items() if v is not None},

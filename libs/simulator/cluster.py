@@ -10,12 +10,13 @@ class Replica:
     """One worker: a vLLM engine with `slots` LoRA slots (LRU) and a host-RAM adapter cache (LRU).
 
     queue: requests whose adapter is on the host, waiting for a batch seat (FIFO).
-    fetching: adapter -> requests waiting for its object-store fetch into host RAM.
+    fetching: adapter -> requests waiting for its fetch into host RAM (from disk or the object store).
+    disk: the local disk tier (LRU), when the configuration models one.
     active: adapter -> requests of it in the running batch; those adapters are pinned in their slots.
     waiting: adapter -> requests of it not yet running (queued or fetching).
     """
 
-    __slots__ = ("name", "index", "queue", "fetching", "running", "slots", "host", "active", "waiting")
+    __slots__ = ("name", "index", "queue", "fetching", "running", "slots", "host", "disk", "active", "waiting")
 
     def __init__(self, name: str, index: int) -> None:
         self.name = name
@@ -25,6 +26,7 @@ class Replica:
         self.running = 0
         self.slots: OrderedDict[str, None] = OrderedDict()
         self.host: OrderedDict[str, None] = OrderedDict()
+        self.disk: OrderedDict[str, None] = OrderedDict()  # with SimConfig.disk_cache_adapters
         self.active: dict[str, int] = {}
         self.waiting: dict[str, int] = {}
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from libs.routing import load_bound, make_policy
 from libs.simulator.cluster import ClusterState, Replica, replica_names
 from libs.simulator.config import SimConfig
-from libs.simulator.placement import _CHURN, _PLACED, PlacementEvents
+from libs.simulator.placement import PlacementEvents
 from libs.simulator.traffic import Traffic, adapter_name
 
 TIER_GPU, TIER_HOST, TIER_COLD = 0, 1, 2
@@ -67,6 +67,7 @@ class RunResult:
     adapter_rank: list[int]
     routing_stats: dict = field(default_factory=dict)
     placement_fetches: int = 0  # adapters fetched by placement (not by a request), over the whole run
+    object_fetches: int = 0  # measured cold loads from the object store (the others came from local disk)
     wall_s: float = 0.0
 
 
@@ -122,13 +123,8 @@ class Simulation(PlacementEvents):
         self.seq = 0
         if scenario.prewarm_top:
             self._prewarm(scenario.prewarm_top)
-        self.placement_fetches = 0
-        self.members = list(names)
-        self.placed_at: dict[int, float] = {}  # replica -> when its placement fetcher is free again
-        if scenario.placement:
-            self._place(0.0)
-            if scenario.churn_every_s > 0:
-                self._push(scenario.churn_every_s, _CHURN, 0)
+        self.object_fetches = 0
+        self._start_placement(names)
 
     def _prewarm(self, top: int) -> None:
         hot = self.adapter_ids[:top]
@@ -157,10 +153,8 @@ class Simulation(PlacementEvents):
                 self._on_complete(first, now)
             elif kind == _FETCHED:
                 self._on_fetched(self.replica_list[first], second, now)
-            elif kind == _PLACED:
-                self._on_placed(self.replica_list[first], second)
             else:
-                self._on_churn(first, now)
+                self._on_placement_event(kind, first, second, now)
         return self._result()
 
     # Events -------------------------------------------------------------------------------------------
@@ -170,6 +164,7 @@ class Simulation(PlacementEvents):
             self.samples.append(self.cluster.max_over_mean())
             self.next_sample += self.config.sample_interval_s
         adapter = self.adapter_ids[self.ranks[req]]
+        self.demand[adapter] = self.demand.get(adapter, 0) + 1
         rep = self.cluster.replicas[self.policy.choose(adapter, self.cluster)]
         self._assign(req, adapter, rep)
         if adapter in rep.slots or adapter in rep.host:
@@ -184,15 +179,17 @@ class Simulation(PlacementEvents):
             waiters.append(req)
             return
         rep.fetching[adapter] = [req]
+        from_disk = adapter in rep.disk
         if self.measured[req]:
             self.cold_loads += 1
             self.cold_per_s[int(now)] += 1
-        self._push(
-            now + self.fetch_rng.uniform(self.config.fetch_s_min, self.config.fetch_s_max),
-            _FETCHED,
-            rep.index,
-            adapter,
-        )
+            self.object_fetches += not from_disk
+        if from_disk:
+            rep.disk.move_to_end(adapter)
+            took = self.config.disk_load_s
+        else:
+            took = self.fetch_rng.uniform(self.config.fetch_s_min, self.config.fetch_s_max)
+        self._push(now + took, _FETCHED, rep.index, adapter)
 
     def _assign(self, req: int, adapter: str, rep: Replica) -> None:
         """Book the request on its replica, checking the load bound as it stood when the router chose."""
@@ -214,6 +211,7 @@ class Simulation(PlacementEvents):
 
     def _on_fetched(self, rep: Replica, adapter: str, now: float) -> None:
         self._host_insert(rep, adapter)
+        self._disk_insert(rep, adapter)
         rep.queue.extend(rep.fetching.pop(adapter))
         self._try_start(rep, now)
 
@@ -329,6 +327,7 @@ class Simulation(PlacementEvents):
                 else {}
             ),
             placement_fetches=self.placement_fetches,
+            object_fetches=self.object_fetches,
         )
 
 

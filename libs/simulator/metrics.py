@@ -37,6 +37,7 @@ def summarise(run: RunResult) -> dict:
         "cold_loads_per_1000": run.cold_loads * per_1000,
         "loads_per_1000": (run.host_loads + run.cold_loads) * per_1000,
         "cold_loads": run.cold_loads,
+        "object_fetches_per_1000": run.object_fetches * per_1000,  # cold loads not served from local disk
         "slot_hit_rate": hits / run.measured if run.measured else 0.0,
         "latency_p50_s": _percentile(run.latency_s, 50),
         "latency_p99_s": _percentile(run.latency_s, 99),

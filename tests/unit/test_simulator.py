@@ -279,7 +279,8 @@ def test_report_does_not_depend_on_python_hash_randomisation():
 
 
 def test_placement_preloads_the_ring_share_so_ring_routed_requests_are_rarely_cold():
-    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=60.0, placement_fetch_per_s=20.0)
+    # the oracle (true popularity, every adapter): the most placement can do
+    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=60.0, placement_fetch_per_s=20.0, placement_demand="oracle")
     traffic = small_traffic(cfg)
     plain = simulate(cfg, "bounded_load", traffic, steady(cfg))
     placed = simulate(cfg, "bounded_load", traffic, Scenario("placed", cfg.warmup_s, cfg.duration_s, placement=True))
@@ -301,3 +302,27 @@ def test_churn_moves_the_share_and_the_run_still_ends_with_everything_served_onc
     assert moved.served_once
     # each return refetches the returning replica's share and each leave spreads it over the others
     assert moved.placement_fetches > calm.placement_fetches
+
+
+def test_placement_by_demand_seen_places_only_requested_adapters_onto_disk_and_refills_after_churn():
+    """As the workers do: rank by the requests seen so far, place onto the local disk tier. Requests fetch
+    their own adapters onto disk anyway, so what seen demand buys is the share that moves at churn; the
+    oracle, which knows every adapter before its first request, bounds it from below."""
+    cfg = SMALL.with_changes(
+        duration_s=60.0, warmup_s=30.0, placement_fetch_per_s=50.0, host_cache_adapters=20, disk_cache_adapters=500
+    )
+    traffic = small_traffic(cfg)
+    churn = Scenario("placed_churn", cfg.warmup_s, cfg.duration_s, placement=True, churn_every_s=20.0)
+    plain = simulate(cfg, "bounded_load", traffic, steady(cfg))
+    seen = simulate(cfg, "bounded_load", traffic, churn)
+    oracle = simulate(cfg.with_changes(placement_demand="oracle"), "bounded_load", traffic, churn)
+    requested = len(set(traffic.adapter_rank[: seen.requests]))
+    assert seen.served_once and oracle.served_once
+    assert 0 < seen.placement_fetches and seen.placement_fetches < oracle.placement_fetches
+    assert requested < cfg.adapters  # the tail was never asked for: seen demand cannot place it
+    # every cold load not from disk is an object-store fetch; after churn, placement moved loads from S3 to disk
+    assert plain.object_fetches <= plain.cold_loads
+    assert seen.object_fetches < 0.8 * seen.cold_loads
+    assert oracle.object_fetches * 5 < seen.object_fetches
+    summary = summarise(seen)
+    assert summary["object_fetches_per_1000"] == pytest.approx(seen.object_fetches * 1000 / seen.measured)
