@@ -355,7 +355,7 @@ def render(report: dict, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # a log file: the whole table, unwrapped
     c = report["config"]
     table = Table(
         title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
