@@ -15,7 +15,8 @@ violations (load after assignment > ceil(c x (total + 1) / n), reconstructed fro
 assignment and result times: at the gateway's choice, and at the worker's taking it, which is where the
 workers' own check of the bound holds it), messages passed on over the bound, p50/p99 latency; beside
 each, the simulator's prediction for the same configuration and the ratio measured / predicted (its
-placed scenario, placing as the workers do: by the demand seen so far, onto the disk tier; cold loads come
+placed scenario, placing as the workers do: the demand seen so far, then the other active adapters, onto
+the disk tier; cold loads come
 from disk or S3, and the S3 column counts those from the object store alone). Then a
 fault run: mid-run one gateway and a quarter of the workers are SIGKILLed; every submission must be
 answered exactly once. JSON and a plot in --out.
@@ -200,8 +201,9 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
 
 def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict], dict[str, dict]]:
     """The routing simulator on the same configuration and the same seeded traffic: its steady scenario
-    (no placement) and its placed one as the workers place (demand seen so far, onto a local disk tier
-    that holds the whole share, 10 fetches/s, re-planned every 10 s: the worker's defaults)."""
+    (no placement) and its placed one as the workers place (the demand seen so far, then every other
+    active adapter, onto a local disk tier that holds the whole share, 10 fetches/s, re-planned every
+    10 s: the worker's defaults)."""
     config = SimConfig(
         adapters=args.adapters,
         top_k=args.top_k,
@@ -218,7 +220,7 @@ def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict]
         mixed_adapter_overhead=0.0,
         fetch_s_min=0.02,
         fetch_s_max=0.08,
-        placement_demand="seen",
+        placement_demand="active",
         placement_fetch_per_s=10.0,
         placement_interval_s=10.0,
         disk_cache_adapters=args.adapters,

@@ -44,9 +44,9 @@ def simulate_command(
     placement_fetch_per_s: float = typer.Option(10.0, min=0.01, help="Placement fetches per second per replica."),
     placement_successors: int = typer.Option(1, min=1, help="Ring positions of an adapter that pre-load it."),
     placement_demand: str = typer.Option(
-        "seen",
-        help="What placement ranks a replica's share by: 'seen' (requests seen so far, re-planned every 10 s, as "
-        "the workers rank by the gateways' demand counts) or 'oracle' (true popularity from the start: the bound).",
+        "active",
+        help="What placement ranks a replica's share by: 'active' (as the workers: the requests seen so far, then "
+        "every other active adapter), 'seen' (the requested ones alone) or 'oracle' (true popularity from the start).",
     ),
     disk_cache_adapters: int = typer.Option(
         0,

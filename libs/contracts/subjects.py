@@ -61,6 +61,9 @@ HEARTBEAT_BUCKET = "lpx_workers"
 # Each gateway's recent demand per pool (an AdapterDemand under key <pool>.<gateway>): what the workers
 # pre-load, each its share of the ring, most requested first.
 ADAPTER_DEMAND_BUCKET = "lpx_adapter_demand"
+# Every active adapter version (an AdapterRef under its digest), written by the registry: the workers place
+# their ring share of it before anyone asks for it (demand counts only know what was requested already).
+ACTIVE_ADAPTERS_BUCKET = "lpx_active_adapters"
 
 _TOKEN_OK = re.compile(r"[A-Za-z0-9_-]+")
 

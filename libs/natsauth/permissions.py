@@ -116,7 +116,8 @@ WORKER = Role(
     # Activations: the owner of a new version fetches it before its first request. Load: the others'
     # in-flight counts, for the pool's load bound (no tenant data in them).
     subscribe=("lpx.control.>", s.adapter_event("activated"), s.WORKER_LOAD_ALL),
-    consume=(s.INFER_STREAM,),
+    # The active adapter set: watched, not written (an ordered consumer on its stream).
+    consume=(s.INFER_STREAM, f"KV_{s.ACTIVE_ADAPTERS_BUCKET}"),
     read=(s.RESULTS_STREAM,),
     buckets=(s.HEARTBEAT_BUCKET, s.ADAPTER_DEMAND_BUCKET),
 )
@@ -126,6 +127,7 @@ REGISTRY = Role(
     publish=(s.EVENTS_ALL, s.DLQ_ALL, s.TRAIN_JOBS),
     subscribe=(s.RESOLVE, s.AUTH, s.EVAL_CONTEXT),
     consume=(s.EVENTS_STREAM, s.RESULTS_STREAM),
+    buckets=(s.ACTIVE_ADAPTERS_BUCKET,),  # every active version, for the workers' placement
     answers=True,
 )
 EVAL_GATE = Role(

@@ -54,10 +54,10 @@ class SimConfig:
     # positions of each adapter pre-load it (1: its owner only, as the workers do).
     placement_fetch_per_s: float = 10.0
     placement_successors: int = 1
-    # What placement ranks the share by: "seen" (requests seen so far, re-planned every
-    # `placement_interval_s`, as the workers rank by the gateways' demand counts) or "oracle" (the true
-    # popularity, planned once at time 0: the upper bound).
-    placement_demand: str = "seen"
+    # What placement ranks the share by (libs/simulator/placement.py): "active" (as the workers do: the
+    # requests seen so far, then every other active adapter), "seen" (the requested ones alone) or "oracle"
+    # (the true popularity from the start: the bound).
+    placement_demand: str = "active"
     placement_interval_s: float = 10.0
     # Local disk tier per replica (LRU, in adapters): placement fills it, and a fetched adapter lands there
     # too; a load from disk takes `disk_load_s`. 0: no disk tier, placement fills host RAM and every load
@@ -75,8 +75,8 @@ class SimConfig:
             raise ValueError("requests_per_s and duration_s must be > 0, warmup_s >= 0")
         if self.fetch_s_min > self.fetch_s_max:
             raise ValueError("fetch_s_min must be <= fetch_s_max")
-        if self.placement_demand not in ("seen", "oracle"):
-            raise ValueError("placement_demand must be 'seen' or 'oracle'")
+        if self.placement_demand not in ("active", "seen", "oracle"):
+            raise ValueError("placement_demand must be 'active', 'seen' or 'oracle'")
         if self.placement_interval_s <= 0 or self.disk_cache_adapters < 0:
             raise ValueError("placement_interval_s must be > 0, disk_cache_adapters >= 0")
 

@@ -1,19 +1,22 @@
 """The workers' placement (services/worker/placement.py) in the simulator, with Scenario.placement: each
 replica fetches the adapters the ring gives it (the first `placement_successors` of each adapter's ring
-order), most requested first, at `placement_fetch_per_s`, into its local disk tier when the configuration
-has one (`disk_cache_adapters`, as the workers do), else into its host cache, up to that tier's capacity.
-Those fetches are not requests' cold loads: a request that finds its adapter in host RAM is a host hit,
-one that finds it on disk a disk load, not an object-store fetch.
+order), most requested first, at `placement_fetch_per_s`, into its local disk tier when the
+configuration has one (`disk_cache_adapters`, as the workers do), else into its host cache, up to that
+tier's capacity. Those fetches are not requests' cold loads: a request that finds its adapter in host
+RAM is a host hit, one that finds it on disk a disk load, not an object-store fetch.
 
-What "most requested" means follows `placement_demand`: "seen" ranks by the requests seen so far and
-re-plans every `placement_interval_s` (the workers rank by the gateways' demand counts and re-plan on a
-timer, so an adapter nobody asked for yet is not placed); "oracle" ranks by the true popularity, once at
-time 0 (the upper bound). With churn (Scenario.churn_every_s) a replica leaves the pool and comes back
-empty at that period, one at a time: the ring moves, every replica fetches the share that moved to it,
-and the returning replica its whole share again, at the same rate.
+What "most requested" means follows `placement_demand`, re-planned every `placement_interval_s`:
+"active" (the workers: the requests seen so far first, as the gateways count them, then every other
+active adapter, in digest order: the registry's active set), "seen" (the requested ones alone: an
+adapter nobody asked for yet is not placed) or "oracle" (the true popularity, planned once at time 0:
+the bound). With churn (Scenario.churn_every_s) a replica leaves the pool and comes back empty at that
+period, one at a time: the ring moves, every replica fetches the share that moved to it, and the
+returning replica its whole share again, at the same rate.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from libs.routing import HashRing
 from libs.simulator.cluster import Replica
@@ -33,9 +36,9 @@ class PlacementEvents:
         self.to_place: dict[int, set[str]] = {}  # replica -> adapters whose placement fetch is queued
         if not self.scenario.placement:
             return
-        if self.config.placement_demand == "oracle":
+        if self.config.placement_demand != "seen":  # "seen" has nothing to place at time 0
             self._place(0.0)
-        else:  # nothing seen yet at time 0: the first plan comes one interval in
+        if self.config.placement_demand != "oracle":
             self._push(self.config.placement_interval_s, _REPLAN, None)
         if self.scenario.churn_every_s > 0:
             self._push(self.scenario.churn_every_s, _CHURN, 0)
@@ -53,7 +56,13 @@ class PlacementEvents:
     def _ranked(self) -> list[str]:
         if self.config.placement_demand == "oracle":
             return self.adapter_ids  # most popular first
-        return sorted(self.demand, key=lambda adapter: (-self.demand[adapter], adapter))
+        seen = sorted(self.demand, key=lambda adapter: (-self.demand[adapter], adapter))
+        if self.config.placement_demand == "seen":
+            return seen
+        # "active": then every other active adapter, in digest order (unrelated to its popularity)
+        if not hasattr(self, "_digest_order"):
+            self._digest_order = sorted(self.adapter_ids, key=lambda a: hashlib.sha256(a.encode()).digest())
+        return seen + [a for a in self._digest_order if a not in self.demand]
 
     def _placement_tier(self, rep: Replica):
         if self.config.disk_cache_adapters:

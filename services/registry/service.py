@@ -1,5 +1,6 @@
 """The registry process's moving parts besides HTTP: migrations and seeding at start-up, the NATS
-broker (resolve responder, eval-result consumer), the outbox relay and the orphan sweeper."""
+broker (resolve responder, eval-result consumer), the outbox relay, the active adapter set (for the
+workers' placement) and the orphan sweeper."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from libs.bus.faststream_broker import make_broker
 from libs.bus.link import BrokerLink
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver, usage
+from services.registry.active_set import ActiveSetPublisher, active_set_bucket_config
 from services.registry.bases import seed_catalog
 from services.registry.context import FaultHooks, RegistryContext
 from services.registry.db import is_unavailable, make_engine, make_sessions, migrate, transaction
@@ -55,13 +57,20 @@ class RegistryService:
         self.relay = OutboxRelay(
             self.ctx.sessions, jetstream_publisher(self.broker), self.settings.outbox_poll_s, self.settings.outbox_batch
         )
-        self.ctx.wake_relay = self.relay.wake
+        self.active_set = ActiveSetPublisher(self.ctx.sessions, self.link, self.settings.active_set_every_s)
+        self.ctx.wake_relay = self._wake_after_commit
         self._tasks = [
             asyncio.create_task(self.relay.run(), name="outbox-relay"),
+            asyncio.create_task(self.active_set.run(), name="active-set"),
             asyncio.create_task(self._sweep_periodically(), name="orphan-sweeper"),
         ]
         log.info("registry started")
         return self.ctx
+
+    def _wake_after_commit(self) -> None:
+        """A transaction wrote events: publish them now, and bring the active set along (an activation)."""
+        self.relay.wake()
+        self.active_set.wake()
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:
@@ -82,7 +91,7 @@ class RegistryService:
         telemetry = self.telemetry
         # The link reports the broker connection's state changes and re-provisions the streams after a
         # reconnect (the outbox relay publishes into them).
-        self.link = BrokerLink(self.settings.connections, "registry")
+        self.link = BrokerLink(self.settings.connections, "registry", buckets=[active_set_bucket_config()])
         self.broker = make_broker(
             self.settings.connections.nats_url,
             "registry",

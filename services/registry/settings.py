@@ -25,6 +25,9 @@ class RegistrySettings(ServiceSettings):
     # --- background work -----------------------------------------------------------------------
     outbox_poll_s: float = Field(0.5, gt=0, description="how often the relay looks for unpublished events")
     outbox_batch: int = Field(100, ge=1)
+    active_set_every_s: float = Field(
+        30.0, gt=0, description="how often the active adapter set (the workers' placement) is brought to the database"
+    )
     eval_durable: str = "lpx-registry-eval"
     # Usage metering reads every result through this durable (services/registry/usage.py).
     usage_durable: str = "lpx-registry-usage"

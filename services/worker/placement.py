@@ -3,7 +3,8 @@
 The gateways route an adapter to the first worker of its ring order (`libs.routing`, consistent
 hashing over the pool's live workers). A worker computes the same ring over the same heartbeats and
 so knows which adapters are its own. It fetches those into its disk tier in the background, most
-requested first (demand from the gateways: `subjects.ADAPTER_DEMAND_BUCKET`), at most
+requested first (demand from the gateways: `subjects.ADAPTER_DEMAND_BUCKET`), then the active versions
+nobody requested yet (the registry's `subjects.ACTIVE_ADAPTERS_BUCKET`: services/worker/active_set.py), at most
 `placement_fetch_per_s`, within `placement_disk_share` of the disk tier; the hottest few also go into
 the engine's host-RAM cache. When a version is activated, its owner fetches it at once (the
 registry's "activated" event), so a new version's first request does not wait on the object store.
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from libs.contracts import AdapterDemand, AdapterEvent, AdapterRef, subjects
 from libs.fleetview.sources import read_heartbeats
 from libs.routing import HashRing
+from services.worker.active_set import ActiveSet
 
 log = logging.getLogger(__name__)
 UNKNOWN_SIZE_BYTES = 1 << 20  # an adapter whose size the registry did not record: counted as 1 MiB
@@ -37,6 +39,7 @@ class Plan:
     owned: tuple[AdapterRef, ...] = ()  # this worker's share, most requested first
     kept: tuple[AdapterRef, ...] = ()  # what fits the disk budget, in that order
     shortfall: int = 0  # owned adapters that do not fit
+    requested: frozenset[str] = frozenset()  # digests of `owned` with demand (the others: active, not asked for)
 
 
 def make_plan(
@@ -65,16 +68,22 @@ def make_plan(
             break
         kept.append(ref)
         used += size
-    return Plan(owned, tuple(kept), len(owned) - len(kept))
+    requested = frozenset(ref.digest for ref in owned if demand[ref.digest][1] > 0)
+    return Plan(owned, tuple(kept), len(owned) - len(kept), requested)
 
 
-def merge_demand(values: list[AdapterDemand]) -> dict[str, tuple[AdapterRef, float]]:
-    """Every gateway's counts for one pool, added up per adapter."""
+def merge_demand(
+    values: list[AdapterDemand], active: dict[str, AdapterRef] | None = None
+) -> dict[str, tuple[AdapterRef, float]]:
+    """Every gateway's counts for one pool, added up per adapter; the active versions nobody requested
+    yet count 0 (placed after every requested one)."""
     merged: dict[str, tuple[AdapterRef, float]] = {}
     for value in values:
         for entry in value.adapters:
             known = merged.get(entry.ref.digest)
             merged[entry.ref.digest] = (entry.ref, entry.requests + (known[1] if known else 0.0))
+    for digest, ref in (active or {}).items():
+        merged.setdefault(digest, (ref, 0.0))
     return merged
 
 
@@ -105,6 +114,7 @@ class Placement:
         self._tries: dict[str, int] = {}
         self._tasks: list[asyncio.Task] = []
         self._sub = None
+        self.active = ActiveSet(lambda: self.worker.js)
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self, nc) -> None:
@@ -113,6 +123,8 @@ class Placement:
             asyncio.create_task(self._plan_loop(), name="placement-plan"),
             asyncio.create_task(self._fetch_loop(), name="placement-fetch"),
         ]
+        if self.settings.placement_active_set:
+            self._tasks.append(asyncio.create_task(self.active.run(), name="placement-active-set"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -150,7 +162,7 @@ class Placement:
         self.plan = make_plan(
             self.worker.worker_id,
             self._adopted,
-            merge_demand(await self._demand()),
+            merge_demand(await self._demand(), self.active.refs),
             base_model=s.base_model,
             max_rank=s.max_lora_rank,
             budget_bytes=int(s.disk_cache_bytes * s.placement_disk_share),
@@ -230,8 +242,8 @@ class Placement:
 
     async def _fetch(self, ref: AdapterRef) -> None:
         try:
-            if ref in self.plan.kept[: self.settings.placement_host_ram_top]:
-                await self.tiers.prewarm(ref)  # also into the engine's host-RAM cache
+            if ref in self.plan.kept[: self.settings.placement_host_ram_top] and ref.digest in self.plan.requested:
+                await self.tiers.prewarm(ref)  # also into the engine's host-RAM cache (only what is asked for)
             else:
                 await self.tiers.disk.get(ref)
         except asyncio.CancelledError:

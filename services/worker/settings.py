@@ -78,6 +78,8 @@ class WorkerSettings(ServiceSettings):
     placement_fetch_per_s: float = Field(10.0, gt=0)
     placement_disk_share: float = Field(0.8, gt=0, le=1)
     placement_host_ram_top: int = Field(4, ge=0)
+    # Also place the active versions nobody requested yet (the registry's active set), after the requested.
+    placement_active_set: bool = True
     placement_staleness_s: float = Field(10.0, gt=0)
     # The pool's load bound, checked again here (services/worker/load_bound.py): a message taken from this
     # worker's own subject while its load is over ceil(c * (m + 1) / n) goes to the pool's shared subject,

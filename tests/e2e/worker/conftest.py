@@ -146,6 +146,8 @@ def worker_settings(connections, tmp_path, worker_id: str, **overrides):
         # These tests address one worker and check what it did; the pool's load bound would pass part of a
         # burst on to the other workers a test started (the bound has its own tests in tests/integration/fleet).
         load_bound=False,
+        # Nor place the registry's active versions: the bucket holds whatever another package's registry left.
+        placement_active_set=False,
         connections=connections,
     )
     values.update(overrides)

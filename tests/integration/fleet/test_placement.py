@@ -1,8 +1,9 @@
 """Placement with the real services (simulated engines): the session stack, the registry in-process,
 a gateway process and simulated worker processes.
 
-- A version activated while the pool runs is on its ring owner's disk before its first request, and
-  that request is not served from the object store.
+- A version activated before the workers started and never requested is on its ring owner's disk (the
+  registry's active set); one activated while the pool runs is there before its first request, and that
+  request is not served from the object store.
 - The gateway's demand reaches the workers: a worker that joins fetches exactly its new share of the
   requested adapters (the moved share) and the others fetch nothing.
 """
@@ -16,7 +17,8 @@ import uuid
 import httpx
 import pytest
 
-from libs.contracts import AdapterTier
+from libs.contracts import AdapterRef, AdapterTier, subjects
+from libs.fleet import FleetSpec
 from libs.fleetview.sources import read_heartbeats
 from libs.routing import HashRing
 from tests.integration.fleet.conftest import POOL, push_many
@@ -30,6 +32,26 @@ async def _resident(js) -> dict[str, set[str]]:
     """Per live worker of the fleet's pool: every digest it holds, whatever the tier."""
     beats = (await read_heartbeats(js)).beats
     return {w: {d for ds in b.adapters.values() for d in ds} for w, b in beats.items() if b.pool == POOL}
+
+
+async def _active(js) -> set[str]:
+    """The registry's active versions a worker of the fleet's pool may serve (base model, rank)."""
+    kv = await js.key_value(subjects.ACTIVE_ADAPTERS_BUCKET)
+    refs = []
+    watcher = await kv.watchall(ignore_deletes=True)
+    while (entry := await watcher.updates(timeout=10)) is not None:
+        refs.append(AdapterRef.model_validate_json(entry.value))
+    await watcher.stop()
+    return {r.digest for r in refs if r.base_model == FleetSpec.base_model and r.rank <= 16}
+
+
+async def _settled(js, workers: list[str]) -> bool:
+    """Every worker's plan fetched: nothing in its backlog, everything it owns on its disk."""
+    beats = (await read_heartbeats(js)).beats
+    return all(
+        w in beats and beats[w].placement_backlog == 0 and beats[w].placement_resident == beats[w].placement_owned
+        for w in workers
+    )
 
 
 async def _until(predicate, what: str, timeout_s: float = 30.0):
@@ -65,6 +87,14 @@ async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
     ring = HashRing(workers)
 
     async with LoraplexClient(connections.nats_url, api_key=fleet_tenant.key) as client:
+        # 0. Versions activated before the workers started, and not requested yet: each is placed on its
+        #    owner's disk (the registry's active set), so even its first request is not served from S3.
+        async def tail_on_owners():
+            held = await _resident(client.js)
+            return all(d in held.get(ring.primary(d), set()) for d in fleet_tenant.aliases.values())
+
+        await _until(tail_on_owners, "the versions nobody asked for yet on their owners' disks", 30)
+
         # 1. Versions activated now: each is fetched by its owner at once, before anyone asks for it.
         paths = (await asyncio.to_thread(tiny_adapters, base_model_path, 106))[100:]
         tenant = f"place-{uuid.uuid4().hex[:6]}"
@@ -89,16 +119,18 @@ async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
         tier_hits = await _until(hits, "the requests counted in the beats", 10)
         assert sum(t.get(AdapterTier.OBJECT_STORE, 0) for t in tier_hits) == 0, tier_hits
 
-        # 2. Demand: the fleet tenant's adapters are asked for once each; then a fourth worker joins.
+        # 2. Demand: the fleet tenant's adapters are asked for once each; once every worker holds its whole
+        #    share (the requested ones and every other active version), a fourth worker joins.
         await _ask(url, fleet_tenant.key, sorted(fleet_tenant.aliases))
         await asyncio.sleep(1.5)  # the gateway publishes its counts
+        await _until(lambda: _settled(client.js, workers), "every worker holding its whole share", 60)
         before = await _resident(client.js)
         fleet.start_worker("sim-3", FAST)
         await fleet.wait_ready(4)
         grown = HashRing([*workers, "sim-3"])
-        asked = set(fleet_tenant.aliases.values()) | set(fresh.values())
-        moved = {d for d in asked if grown.primary(d) == "sim-3"}
-        assert len(moved) > 10  # about a quarter of 106
+        placed = set(fleet_tenant.aliases.values()) | set(fresh.values()) | await _active(client.js)
+        moved = {d for d in placed if grown.primary(d) == "sim-3"}
+        assert len(moved) > 10  # about a quarter of 106 at least
 
         async def joined():
             held = await _resident(client.js)

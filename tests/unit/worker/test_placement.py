@@ -94,6 +94,27 @@ def test_demand_from_every_gateway_adds_up():
     assert merged[a.digest] == (a, 5.0) and merged[b.digest] == (b, 4.0)
 
 
+def test_active_versions_nobody_requested_are_placed_after_every_requested_one_and_not_into_host_ram():
+    asked, tail = [ref(i) for i in range(40)], [ref(i) for i in range(40, 400)]
+    values = [
+        AdapterDemand(
+            pool="p",
+            gateway_id="g0",
+            adapters=[DemandEntry(ref=r, requests=1 + i) for i, r in enumerate(asked)],
+            half_life_s=60,
+        )
+    ]
+    active = {r.digest: r for r in asked[:5] + tail}  # requested ones are active too
+    merged = merge_demand(values, active)
+    assert len(merged) == 400 and all(merged[r.digest] == (r, 0.0) for r in tail)
+    assert merged[asked[0].digest] == (asked[0], 1.0)  # a count is not overwritten by the active set
+    got = make_plan("w0", WORKERS, merged, base_model=BASE, max_rank=16, budget_bytes=10**9)
+    mine_asked = [r for r in got.owned if r in asked]
+    assert got.owned[: len(mine_asked)] == tuple(mine_asked)  # every requested one first
+    assert len(got.owned) > 80  # about a quarter of 400: the unrequested share is placed too
+    assert got.requested == {r.digest for r in mine_asked}  # only these may go into host RAM
+
+
 class FlakyDisk:
     """The disk tier over an object store that fails the first `failures` fetches."""
 
