@@ -44,13 +44,16 @@ class FleetLoad:
     def sent(self, worker: str) -> None:
         self._record(worker, +1)
 
-    def answered(self, worker: str) -> None:
-        self._record(worker, -1)
+    def answered(self, worker: str, at: float | None = None) -> None:
+        """One of this gateway's requests on `worker` ended. `at`: when the worker stopped counting it (the
+        result's `result_sent_at`, the worker's clock, stamped before the WorkerLoad that left it out), so
+        a report sent after it is never lowered by it a second time; none: now."""
+        self._record(worker, -1, at)
 
-    def _record(self, worker: str, delta: int) -> None:
+    def _record(self, worker: str, delta: int, at: float | None = None) -> None:
         now = self._clock()
         events = self._events[worker]
-        events.append((now, delta))
+        events.append((now if at is None else min(at, now), delta))
         while events and now - events[0][0] > self.horizon_s:
             events.popleft()
 

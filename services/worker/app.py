@@ -98,6 +98,7 @@ class Worker:
         )
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
+        self.answering = 0  # results stamped, being published and acknowledged (out of `in_flight`)
         self.handed_off = 0
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -107,7 +108,9 @@ class Worker:
 
     @property
     def in_flight(self) -> int:
-        return self.capacity.used
+        """Taken and not yet answered: a stamped result (`result_sent_at`) being published no longer
+        counts, as the gateways stop counting it at that stamp."""
+        return self.capacity.used - self.answering
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -273,8 +276,17 @@ class Worker:
 
     async def _handle(self, msg) -> None:
         self.metrics.in_flight.add(1)
+        answered = False
+
+        async def answering() -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                self.answering += 1
+                await self.report_load()
+
         try:
-            await self.processor.handle(msg)
+            await self.processor.handle(msg, on_result=answering)
         except Exception as exc:
             if is_transient(exc):  # the broker is away: expected, no traceback
                 log.warning(
@@ -285,9 +297,11 @@ class Worker:
             else:
                 log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
         finally:
+            self.answering -= answered
             self.metrics.in_flight.add(-1)
             await self.capacity.give_back(1)
-            await self.report_load()
+            if not answered:  # else reported when its result was stamped: the load is unchanged now
+                await self.report_load()
             self._token_window.append((time.monotonic(), self.processor.generated_tokens))
 
     async def _hand_off_backlog(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -90,7 +91,9 @@ class RequestProcessor:
         self.answered = RecentIds()
         self.generated_tokens = 0
 
-    async def handle(self, msg: Msg) -> None:
+    async def handle(self, msg: Msg, on_result: Callable[[], Awaitable[None]] | None = None) -> None:
+        """One message, start to acknowledgement. `on_result`: awaited once the result is stamped and
+        about to be published (the worker stops counting the request in its load then)."""
         fetched_at = time.time()
         try:
             request = InferenceRequest.model_validate_json(msg.data)
@@ -118,7 +121,9 @@ class RequestProcessor:
                 await msg.nak()  # unstarted: redelivered (the draining worker hands its own queue to the pool)
                 return
             result = result.model_copy(update=_caller_of(request))
-            await self._publish_result(result, request.reply_to, give_up_at=_publish_deadline(request))
+            await self._publish_result(
+                result, request.reply_to, give_up_at=_publish_deadline(request), on_stamped=on_result
+            )
             await msg.ack()
             self.answered.add(rid)
             self.metrics.requests.add(1, {"outcome": "ok" if result.ok else result.error.code})
@@ -253,13 +258,19 @@ class RequestProcessor:
         )
 
     async def _publish_result(
-        self, result: InferenceResult, reply_to: str | None, give_up_at: float | None = None
+        self,
+        result: InferenceResult,
+        reply_to: str | None,
+        give_up_at: float | None = None,
+        on_stamped: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
         # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
         # unacknowledged: JetStream redelivers it and the result is published again then.
         stamped = result.timings.model_copy(update={"result_sent_at": time.time()})
         result = result.model_copy(update={"timings": stamped})
+        if on_stamped is not None:  # after the stamp: the load report it sends is never older than it
+            await on_stamped()
         subject = subjects.result_subject(result.request_id, reply_to)
         data = result.model_dump_json().encode()
         if len(data) > _max_payload(self.nc):  # never retried for ever: the caller gets the reason instead

@@ -88,7 +88,7 @@ class Delivery:
         metrics: GatewayMetrics,
         ledger: InFlight,
         admission: Admission,
-        release: Callable[[Job], None],
+        release: Callable[..., None],
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -176,7 +176,7 @@ class Delivery:
         self.metrics.tokens.add(result.completion_tokens, {**tenant, "kind": "completion"})
         if result.ok:
             self.admission.observe(job.pool, result.timings.total_s)
-        self._release(job)
+        self._release(job, result.timings.result_sent_at or None)
         job.future.set_result(result)
         return True
 

@@ -202,8 +202,8 @@ class Dispatcher:
         """Re-assign a job's load to another worker (re-routing)."""
         self.ledger.move(job, worker)
 
-    def _release(self, job: Job) -> None:
-        if self.ledger.release(job):
+    def _release(self, job: Job, at: float | None = None) -> None:
+        if self.ledger.release(job, at):
             self.admission.released(job.pool)  # a place is free: the next tenant in turn goes
 
     # --- results -------------------------------------------------------------------------------------

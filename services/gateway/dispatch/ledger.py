@@ -30,11 +30,12 @@ class InFlight:
         self.tenant_loads[job.pool][job.request.tenant_id] += 1
         self.metrics.in_flight.add(1)
 
-    def release(self, job: Job) -> bool:
-        """Stop counting a job; false when it was no longer counted."""
+    def release(self, job: Job, at: float | None = None) -> bool:
+        """Stop counting a job (`at`: when its worker stopped counting it, see FleetLoad.answered); false
+        when it was no longer counted."""
         if self.jobs.pop(job.request_id, None) is None:
             return False
-        self.unload(job.worker)
+        self.unload(job.worker, at)
         per_pool = self.adapter_loads[job.pool]
         per_pool[job.token] -= 1
         if per_pool[job.token] <= 0:
@@ -46,8 +47,8 @@ class InFlight:
         self.metrics.in_flight.add(-1)
         return True
 
-    def unload(self, worker: str) -> None:
-        self.fleet.answered(worker)
+    def unload(self, worker: str, at: float | None = None) -> None:
+        self.fleet.answered(worker, at)
         self.loads[worker] -= 1
         if self.loads[worker] <= 0:
             del self.loads[worker]

@@ -64,3 +64,27 @@ def test_a_fresher_load_report_replaces_the_heartbeat_as_the_base():
     assert fleet.loads(["w1"], beats, local={"w1": 1}) == {"w1": 10}
     fleet.reported("w1", in_flight=1, ts=99.2)  # a late, older report changes nothing
     assert fleet.loads(["w1"], beats, local={"w1": 1}) == {"w1": 10}
+
+
+def test_an_answer_is_subtracted_at_the_workers_stamp_not_twice():
+    """The worker stops counting a request at its result's stamp and reports its load after it; the
+    gateway subtracts its answer at that stamp, so a report sent after the stamp is not lowered again."""
+    clock = Clock(100.0)
+    fleet = FleetLoad(clock=clock)
+    fleet.sent("w1")
+    fleet.sent("w1")
+    fleet.reported("w1", in_flight=2, ts=100.1)
+    clock.now = 101.0
+    fleet.reported("w1", in_flight=1, ts=100.6)  # one stamped at 100.5, reported at 100.6, answer here at 101
+    fleet.answered("w1", at=100.5)
+    assert fleet.loads(["w1"], {}, local={"w1": 1}) == {"w1": 1}
+    # The answer arrives before the report that leaves it out: subtracted until that report comes.
+    clock.now = 102.0
+    fleet.answered("w1", at=101.5)
+    assert fleet.loads(["w1"], {}, local={}) == {"w1": 0}
+    fleet.reported("w1", in_flight=0, ts=101.6)
+    assert fleet.loads(["w1"], {}, local={}) == {"w1": 0}
+    # A stamp ahead of this gateway's clock (another host's skew) counts as now.
+    fleet.sent("w1")
+    fleet.answered("w1", at=500.0)
+    assert fleet.since("w1", 101.9) == 0 and fleet.since("w1", 102.0) == 0

@@ -4,6 +4,7 @@ constraint its engine cannot honour, and an error instead of a result too big fo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -82,3 +83,20 @@ async def test_a_result_over_the_message_limit_becomes_an_error_naming_why():
     small = InferenceResult(request_id="r5", worker_id="w1", ok=True, text="ok", logprobs=[token])
     await _processor(nc)._publish_result(small, None)
     assert InferenceResult.model_validate_json(nc.sent[-1][1]).ok
+
+
+async def test_the_load_is_released_after_the_stamp_and_before_the_publish():
+    """The worker stops counting a request once its result is stamped (`result_sent_at`), before it is
+    published: its load report then is never older than the stamp the gateways stop counting it at."""
+    nc = _Recorder()
+    seen: list[tuple[float, int]] = []
+
+    async def released() -> None:
+        seen.append((time.time(), len(nc.sent)))
+
+    result = InferenceResult(request_id="r5", worker_id="w1", ok=True, text="x", tenant="t")
+    await _processor(nc)._publish_result(result, None, on_stamped=released)
+    ((_, data),) = nc.sent
+    ((released_at, published_before),) = seen
+    assert published_before == 0
+    assert InferenceResult.model_validate_json(data).timings.result_sent_at <= released_at
