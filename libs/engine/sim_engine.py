@@ -4,9 +4,10 @@ It runs behind the same worker code as vLLM (tiers, downloads, digest checks, he
 answers in simulated time instead of running a model:
 
 - prefill at `prefill_tok_s` prompt tokens per second, then one token every 1/`decode_tok_s` seconds
-  per sequence, or, with a measured profile (`decode_step_s`, benchmarks/calibrate_engine.py), one
-  token per step whose time grows with the sequences running, as on the real engine; at most
-  `max_num_seqs` sequences at once;
+  per sequence, or, with a measured profile (`decode_step_s`, benchmarks/calibrate_engine.py), shared
+  steps (libs/engine/sim_steps.py): one token per sequence per step, a step's time growing with the
+  sequences running and with the prompts it admits, as on the real engine; at most `max_num_seqs`
+  sequences at once;
 - `max_loras` adapter slots: a sequence whose adapter holds no slot waits for one (vLLM's scheduler
   does the same), and taking a slot costs the host-to-GPU copy of the adapter's bytes
   (`host_to_gpu_gb_s`, the planner's figure: libs/tier_costs.py);
@@ -38,6 +39,7 @@ from libs.engine.base import (
     TokenLogprobs,
 )
 from libs.engine.profile import EngineProfile
+from libs.engine.sim_steps import StepClock
 from libs.tier_costs import GB, HOST_TO_GPU_GB_S, NVME_GB_S
 
 
@@ -82,6 +84,14 @@ class SimEngine:
         self.slot_loads = 0
         self.running = 0  # sequences in the batch now (what a profiled step time depends on)
         self.host_loads = 0
+        self._steps = self._step_clock(self.profile)
+
+    @staticmethod
+    def _step_clock(profile: SimProfile) -> StepClock | None:
+        if profile.decode_step_s is None:
+            return None
+        measured = EngineProfile(base_model="sim", decode_step_s=profile.decode_step_s, prefill_tok_s=1.0)
+        return StepClock(measured.step_s, profile.prefill_tok_s)
 
     async def start(self) -> None:
         self._started = True
@@ -101,9 +111,14 @@ class SimEngine:
         prompt_tokens = max(1, int(len(prompt) / self.profile.chars_per_token))
         pieces = simulated_text(request.adapter.digest if request.adapter else None, request.max_tokens)
         async with self._seqs, self._slot(request.adapter), self._decoding():
-            await asyncio.sleep(prompt_tokens / self.profile.prefill_tok_s)
+            if self._steps is not None:  # a measured profile: shared steps, prompts run inside them
+                first = self._steps.join(prompt_tokens)
+            else:
+                await asyncio.sleep(prompt_tokens / self.profile.prefill_tok_s)
             for i, piece in enumerate(pieces):
-                if i:
+                if self._steps is not None:
+                    await self._steps.until(first + i)
+                elif i:
                     await asyncio.sleep(self.profile.step_s(self.running))
                 last = i == len(pieces) - 1
                 # The simulated text is certain: each piece has log-probability 0 and no alternative.
@@ -125,6 +140,8 @@ class SimEngine:
             yield
         finally:
             self.running -= 1
+            if self._steps is not None:
+                self._steps.leave()
 
     @contextlib.asynccontextmanager
     async def _slot(self, adapter: AdapterSpec | None):

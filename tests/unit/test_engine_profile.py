@@ -64,3 +64,29 @@ async def test_the_simulated_engine_slows_every_sequence_of_a_full_batch():
     together = await asyncio.gather(*(one(i) for i in range(1, 17)))
     assert alone == pytest.approx(10 * 0.010, rel=0.5)
     assert min(together) > 2 * alone  # 16 running: 0.036 s a step instead of 0.010
+
+
+async def test_a_new_prompt_slows_every_sequence_running_on_the_simulated_engine():
+    """With a profile, the simulated engine's steps are shared and a step that admits a sequence also runs
+    its prompt (chunked prefill, as vLLM does): prompts arriving beside a running sequence slow it."""
+    steps = {1: 0.01, 16: 0.01}
+    config = EngineConfig(model_path="/none", engine="sim", sim={"prefill_tok_s": 1000.0, "decode_step_s": steps})
+    engine = create_engine(config)
+    await engine.start()
+
+    async def one(i: int, prompt: str, tokens: int) -> float:
+        started = time.monotonic()
+        async for _ in engine.generate(GenerationRequest(f"r{i}", prompt=prompt, max_tokens=tokens)):
+            pass
+        return time.monotonic() - started
+
+    alone = await one(0, "x" * 40, 21)  # 10 prompt tokens: 0.01 s in its first step, then 20 steps
+    assert alone == pytest.approx(0.01 + 21 * 0.01, rel=0.3)
+
+    async def prompts_arriving():
+        for i in range(5):
+            await asyncio.sleep(0.03)
+            await one(100 + i, "y" * 400, 1)  # 100 prompt tokens each: 0.1 s inside a shared step
+
+    calm, _ = await asyncio.gather(one(1, "x" * 40, 21), prompts_arriving())
+    assert calm > alone + 0.4  # the five prompts' 0.5 s of prefill ran inside its steps
