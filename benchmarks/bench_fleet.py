@@ -54,6 +54,7 @@ from libs.simulator.config import SimConfig
 from libs.simulator.runner import run_comparison
 from libs.simulator.traffic import make_traffic
 from libs.stack import Stack, StackConfig
+from services.worker.settings import WorkerSettings
 
 BASE = "smollm2-135m"
 TENANT = "fleet"
@@ -224,6 +225,7 @@ def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict]
         placement_fetch_per_s=10.0,
         placement_interval_s=10.0,
         disk_cache_adapters=args.adapters,
+        placement_successors=WorkerSettings.model_fields["placement_positions"].default,
         seed=args.seed,
     )
     report = run_comparison(config, policies, storm=False)

@@ -194,13 +194,17 @@ def adapter_where(
     ref: str = typer.Argument(..., metavar="TENANT/ALIAS"),
     as_json: bool = typer.Option(False, "--json", help="print the answer as JSON"),
     nats_url: str | None = typer.Option(None, "--nats", help="NATS URL (default: LPX_NATS_URL, the stack env file)"),
+    positions: int = typer.Option(
+        2, min=1, help="ring positions that pre-load an adapter: the workers' LPX_WORKER_PLACEMENT_POSITIONS"
+    ),
 ) -> None:
     """Which live workers hold an adapter now, in which tier, since when, and where it is placed.
 
     The registry resolves the alias to its version's digest; the workers' heartbeats say which of them
     hold that digest in a gpu slot, the cpu cache or on disk, and since when (to a heartbeat interval).
     "placed on": per pool, the worker the ring gives it to (the gateways route it there while it is
-    under the load bound, and that worker keeps it on disk ahead of requests).
+    under the load bound) and the next `--positions` - 1 of its ring order (where the bound sends it while
+    the first is full); each keeps it on disk ahead of requests.
     """
     import time
 
@@ -219,7 +223,7 @@ def adapter_where(
         _unreachable("lpx adapter where", str(exc))
     found = placements(beats.values(), version["digest"])
     unlisted = unlisted_disk(beats.values(), version["digest"])
-    placed = placed_on(beats.values(), version["digest"], version.get("base_model"))
+    placed = placed_on(beats.values(), version["digest"], version.get("base_model"), positions)
     if as_json:
         body = {
             "tenant": tenant,
@@ -230,15 +234,17 @@ def adapter_where(
             "digest": version["digest"],
             "workers": [asdict(p) for p in found],
             "may_hold_on_disk": unlisted,  # workers whose beats list only their most recent disk adapters
-            "placed_on": placed,  # pool -> the worker the ring gives it to
+            "placed_on": {pool: order[0] for pool, order in placed.items()},  # pool -> its ring owner
+            "kept_on": placed,  # pool -> every worker that pre-loads it, its ring owner first
         }
         typer.echo(json.dumps(body, indent=2))
         return
     title = f"{tenant}/{alias} = {version['adapter']} v{version['number']} ({version['digest'][:12]})"
     console = Console()
     console.print(render_where(title, found, time.time(), unlisted))
-    for pool, worker in placed.items():
-        console.print(f"placed on {worker} in pool {pool} (its ring owner: routed there, kept on its disk)")
+    for pool, (owner, *spills) in placed.items():
+        also = f"; also kept on {', '.join(spills)}, where the load bound sends it next" if spills else ""
+        console.print(f"placed on {owner} in pool {pool} (its ring owner: routed there, kept on its disk{also})")
 
 
 async def _heartbeats(url: str) -> dict:

@@ -42,7 +42,9 @@ def simulate_command(
         True, help="Also simulate each replica pre-loading its ring share (the workers' placement), with churn."
     ),
     placement_fetch_per_s: float = typer.Option(10.0, min=0.01, help="Placement fetches per second per replica."),
-    placement_successors: int = typer.Option(1, min=1, help="Ring positions of an adapter that pre-load it."),
+    placement_successors: int = typer.Option(
+        2, min=1, help="Ring positions of an adapter that pre-load it (the workers' LPX_WORKER_PLACEMENT_POSITIONS)."
+    ),
     placement_demand: str = typer.Option(
         "active",
         help="What placement ranks a replica's share by: 'active' (as the workers: the requests seen so far, then "

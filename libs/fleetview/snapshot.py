@@ -152,16 +152,19 @@ def placements(beats: Iterable[WorkerHeartbeat], digest: str) -> list[Placement]
     return sorted(found, key=lambda p: (TIERS.index(p.tier), p.worker_id))
 
 
-def placed_on(beats: Iterable[WorkerHeartbeat], digest: str, base_model: str | None = None) -> dict[str, str]:
-    """Per pool (of `base_model`, if given), the worker the ring gives `digest` to: where the gateways
-    route it when nobody is over the load bound, and the worker that pre-loads it (placement)."""
+def placed_on(
+    beats: Iterable[WorkerHeartbeat], digest: str, base_model: str | None = None, positions: int = 1
+) -> dict[str, tuple[str, ...]]:
+    """Per pool (of `base_model`, if given), the first `positions` workers of `digest`'s ring order: the
+    first is where the gateways route it when nobody is over the load bound, the next where the bound
+    sends it while that one is full; each pre-loads it (placement, LPX_WORKER_PLACEMENT_POSITIONS)."""
     from libs.routing import HashRing
 
     pools: dict[str, list[str]] = {}
     for beat in beats:
         if base_model is None or beat.base_model == base_model:
             pools.setdefault(beat.pool, []).append(beat.worker_id)
-    return {pool: HashRing(workers).primary(digest) for pool, workers in sorted(pools.items())}
+    return {pool: HashRing(workers).preference_list(digest)[:positions] for pool, workers in sorted(pools.items())}
 
 
 def unlisted_disk(beats: Iterable[WorkerHeartbeat], digest: str) -> list[str]:

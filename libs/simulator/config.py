@@ -51,9 +51,10 @@ class SimConfig:
     storm_window_s: float = 60.0
     prewarm_top: int = 100
     # Placement (the workers' ring-share pre-load): fetches per second per replica, and how many ring
-    # positions of each adapter pre-load it (1: its owner only, as the workers do).
+    # positions of each adapter pre-load it (1: its owner only; 2: also the next, where the bound spills it,
+    # as the workers do by default: LPX_WORKER_PLACEMENT_POSITIONS).
     placement_fetch_per_s: float = 10.0
-    placement_successors: int = 1
+    placement_successors: int = 2
     # What placement ranks the share by (libs/simulator/placement.py): "active" (as the workers do: the
     # requests seen so far, then every other active adapter), "seen" (the requested ones alone) or "oracle"
     # (the true popularity from the start: the bound).

@@ -34,6 +34,8 @@ class PlacementEvents:
         self.members = list(names)
         self.placed_at: dict[int, float] = {}  # replica -> when its placement fetcher is free again
         self.to_place: dict[int, set[str]] = {}  # replica -> adapters whose placement fetch is queued
+        # The registry's active set in digest order (unrelated to popularity): what "active" places last.
+        self._digest_order = sorted(self.adapter_ids, key=lambda a: hashlib.sha256(a.encode()).digest())
         if not self.scenario.placement:
             return
         if self.config.placement_demand != "seen":  # "seen" has nothing to place at time 0
@@ -60,8 +62,6 @@ class PlacementEvents:
         if self.config.placement_demand == "seen":
             return seen
         # "active": then every other active adapter, in digest order (unrelated to its popularity)
-        if not hasattr(self, "_digest_order"):
-            self._digest_order = sorted(self.adapter_ids, key=lambda a: hashlib.sha256(a.encode()).digest())
         return seen + [a for a in self._digest_order if a not in self.demand]
 
     def _placement_tier(self, rep: Replica):

@@ -1,8 +1,10 @@
 """Placement: each worker keeps its share of the ring on local disk before requests need it.
 
 The gateways route an adapter to the first worker of its ring order (`libs.routing`, consistent
-hashing over the pool's live workers). A worker computes the same ring over the same heartbeats and
-so knows which adapters are its own. It fetches those into its disk tier in the background, most
+hashing over the pool's live workers), and while that worker is at the load bound, to the next one in
+that order. A worker computes the same ring over the same heartbeats and so knows which adapters are its
+own: those whose first `placement_positions` workers include it (2 by default: the owner and the
+worker the bound spills to). It fetches those into its disk tier in the background, most
 requested first (demand from the gateways: `subjects.ADAPTER_DEMAND_BUCKET`), then the active versions
 nobody requested yet (the registry's `subjects.ACTIVE_ADAPTERS_BUCKET`: services/worker/active_set.py), at most
 `placement_fetch_per_s`, within `placement_disk_share` of the disk tier; the hottest few also go into
@@ -50,8 +52,10 @@ def make_plan(
     base_model: str,
     max_rank: int,
     budget_bytes: int,
+    positions: int = 1,
 ) -> Plan:
-    """The adapters `me` owns on the ring over `members` (pure: the gateways' ring, the same answer)."""
+    """The adapters `me` holds one of the first `positions` places of, on the ring over `members` (pure:
+    the gateways' ring, the same answer)."""
     if me not in members:
         return Plan()
     ring = HashRing(members)
@@ -59,7 +63,7 @@ def make_plan(
     owned = tuple(
         ref
         for digest, (ref, _) in ranked
-        if ref.base_model == base_model and ref.rank <= max_rank and ring.primary(digest) == me
+        if ref.base_model == base_model and ref.rank <= max_rank and me in ring.preference_list(digest)[:positions]
     )
     kept, used = [], 0
     for ref in owned:
@@ -135,8 +139,10 @@ class Placement:
                 await self._sub.unsubscribe()
 
     def owns(self, digest: str) -> bool:
+        """Is this worker one of the first `placement_positions` of the adapter's ring order?"""
         members = self._adopted or (self.worker.worker_id,)
-        return HashRing(members).primary(digest) == self.worker.worker_id
+        order = HashRing(members).preference_list(digest)
+        return self.worker.worker_id in order[: self.settings.placement_positions]
 
     # --- planning ------------------------------------------------------------------------------
     async def _plan_loop(self) -> None:
@@ -166,6 +172,7 @@ class Placement:
             base_model=s.base_model,
             max_rank=s.max_lora_rank,
             budget_bytes=int(s.disk_cache_bytes * s.placement_disk_share),
+            positions=s.placement_positions,
         )
         if self.plan.shortfall:
             log.warning(

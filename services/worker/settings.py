@@ -81,6 +81,10 @@ class WorkerSettings(ServiceSettings):
     # Also place the active versions nobody requested yet (the registry's active set), after the requested.
     placement_active_set: bool = True
     placement_staleness_s: float = Field(10.0, gt=0)
+    # How many of an adapter's ring positions keep it on disk: 1, its owner alone; 2 (the default), also the
+    # next worker on its ring, where the bound sends its requests while the owner is full, so a spilled
+    # request loads from disk, not from the object store. Each position costs one more copy on disk.
+    placement_positions: int = Field(2, ge=1)
     # The pool's load bound, checked again here (services/worker/load_bound.py): a message taken from this
     # worker's own subject while its load is over ceil(c * (m + 1) / n) goes to the pool's shared subject,
     # and the shared subject is pulled only within the bound. `balance_factor` must be the gateways'

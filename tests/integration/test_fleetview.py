@@ -220,6 +220,7 @@ async def test_top_and_adapter_where_on_a_live_fleet(
     assert time.time() - 120 < held[serving]["since"] <= time.time()
     # one worker of the one pool owns it on the ring: the one the gateway routed every request to
     assert answer["placed_on"] == {fleet.spec.pool: serving}
+    assert answer["kept_on"][fleet.spec.pool][0] == serving  # then the next of its ring order, if any
     table = lpx(env, "adapter", "where", f"{tenant['name']}/support")
     assert table.returncode == 0 and serving in table.stdout and "gpu" in table.stdout, table.stderr
 

@@ -1,7 +1,8 @@
 """Placement with the real services (simulated engines): the session stack, the registry in-process,
 a gateway process and simulated worker processes.
 
-- A version activated before the workers started and never requested is on its ring owner's disk (the
+- A version activated before the workers started and never requested is on its ring owners' disks (the
+  first 2 of its ring order, the workers' default: the owner and the worker the bound spills to; the
   registry's active set); one activated while the pool runs is there before its first request, and that
   request is not served from the object store.
 - The gateway's demand reaches the workers: a worker that joins fetches exactly its new share of the
@@ -25,6 +26,7 @@ from tests.integration.fleet.conftest import POOL, push_many
 
 pytestmark = pytest.mark.integration  # simulated engines: no vLLM
 
+PLACEMENT_POSITIONS = 2  # LPX_WORKER_PLACEMENT_POSITIONS, left at its default
 FAST = {"LPX_WORKER_PLACEMENT_INTERVAL_S": "0.5", "LPX_WORKER_PLACEMENT_FETCH_PER_S": "50"}
 
 
@@ -64,6 +66,15 @@ async def _until(predicate, what: str, timeout_s: float = 30.0):
         await asyncio.sleep(0.25)
 
 
+def _owners(ring: HashRing, digest: str) -> set[str]:
+    """The workers that place an adapter: the first LPX_WORKER_PLACEMENT_POSITIONS (2) of its ring order."""
+    return set(ring.preference_list(digest)[:PLACEMENT_POSITIONS])
+
+
+def _on_all(held: dict[str, set[str]], owners: set[str], digest: str) -> bool:
+    return all(digest in held.get(w, set()) for w in owners)
+
+
 async def _ask(url: str, key: str, aliases: list[str]) -> None:
     async with httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
         for alias in aliases:
@@ -88,14 +99,14 @@ async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
 
     async with LoraplexClient(connections.nats_url, api_key=fleet_tenant.key) as client:
         # 0. Versions activated before the workers started, and not requested yet: each is placed on its
-        #    owner's disk (the registry's active set), so even its first request is not served from S3.
+        #    owners' disks (the registry's active set), so even its first request is not served from S3.
         async def tail_on_owners():
             held = await _resident(client.js)
-            return all(d in held.get(ring.primary(d), set()) for d in fleet_tenant.aliases.values())
+            return all(_on_all(held, _owners(ring, d), d) for d in fleet_tenant.aliases.values())
 
         await _until(tail_on_owners, "the versions nobody asked for yet on their owners' disks", 30)
 
-        # 1. Versions activated now: each is fetched by its owner at once, before anyone asks for it.
+        # 1. Versions activated now: each is fetched by its owners at once, before anyone asks for it.
         paths = (await asyncio.to_thread(tiny_adapters, base_model_path, 106))[100:]
         tenant = f"place-{uuid.uuid4().hex[:6]}"
         key = await gateway_registry.create_tenant(tenant)
@@ -103,12 +114,12 @@ async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
 
         async def on_owners():
             held = await _resident(client.js)
-            return all(digest in held.get(ring.primary(digest), set()) for digest in fresh.values())
+            return all(_on_all(held, _owners(ring, digest), digest) for digest in fresh.values())
 
         await _until(on_owners, "every activated version on its owner's disk", 20)
         held = await _resident(client.js)
         for digest in fresh.values():  # and only there
-            assert [w for w in workers if digest in held.get(w, set())] == [ring.primary(digest)]
+            assert {w for w in workers if digest in held.get(w, set())} == _owners(ring, digest)
         await _ask(url, key, sorted(fresh))
 
         async def hits():
@@ -129,7 +140,7 @@ async def test_activation_preloads_and_a_joining_worker_fetches_only_its_share(
         await fleet.wait_ready(4)
         grown = HashRing([*workers, "sim-3"])
         placed = set(fleet_tenant.aliases.values()) | set(fresh.values()) | await _active(client.js)
-        moved = {d for d in placed if grown.primary(d) == "sim-3"}
+        moved = {d for d in placed if "sim-3" in _owners(grown, d)}
         assert len(moved) > 10  # about a quarter of 106 at least
 
         async def joined():

@@ -24,10 +24,16 @@ def demand_of(refs: list[AdapterRef]) -> dict[str, tuple[AdapterRef, float]]:
 WORKERS = ("w0", "w1", "w2", "w3")
 
 
-def plan(me: str, members=WORKERS, demand=None, budget=10**9, **kw):
+def plan(me: str, members=WORKERS, demand=None, budget=10**9, positions=1, **kw):
     refs = [ref(i) for i in range(400)]
     return make_plan(
-        me, members, demand or demand_of(refs), base_model=kw.get("base", BASE), max_rank=16, budget_bytes=budget
+        me,
+        members,
+        demand or demand_of(refs),
+        base_model=kw.get("base", BASE),
+        max_rank=16,
+        budget_bytes=budget,
+        positions=positions,
     )
 
 
@@ -39,6 +45,18 @@ def test_each_adapter_is_owned_by_exactly_the_worker_the_router_sends_it_to():
     for worker, share in shares.items():
         assert all(router.primary(digest) == worker for digest in share)
         assert 60 < len(share) < 140  # about a quarter each
+
+
+def test_two_positions_place_each_adapter_on_its_owner_and_on_the_worker_the_bound_spills_it_to():
+    router = BoundedLoadRouter(workers=WORKERS)
+    shares = {w: {r.digest for r in plan(w, positions=2).owned} for w in WORKERS}
+    assert sum(len(s) for s in shares.values()) == 800  # two copies of each of the 400
+    for digest in set().union(*shares.values()):
+        holders = {w for w, share in shares.items() if digest in share}
+        owner = router.primary(digest)
+        full = {owner: router.bound(0)}  # the owner at the bound: the request goes on
+        spilled = router.route(digest, full, total_load=router.bound(0)).worker
+        assert holders == {owner, spilled} and spilled != owner
 
 
 def test_most_requested_first_and_the_budget_bounds_what_is_kept():
