@@ -16,8 +16,9 @@ assignment and result times: at the gateway's choice, and at the worker's taking
 workers' own check of the bound holds it), messages passed on over the bound, p50/p99 latency; beside
 each, the simulator's prediction for the same configuration and the ratio measured / predicted (its
 placed scenario, placing as the workers do: the demand seen so far, then the other active adapters, onto
-the disk tier; cold loads come
-from disk or S3, and the S3 column counts those from the object store alone). Then a
+the disk tier, on LPX_WORKER_PLACEMENT_POSITIONS ring positions; cold loads come from disk or S3, and the
+S3 column counts those from the object store alone; the workers' hand-offs over the bound enter the
+simulator as the share measured, and it models where they go: any worker under the bound). Then a
 fault run: mid-run one gateway and a quarter of the workers are SIGKILLed; every submission must be
 answered exactly once. JSON and a plot in --out.
 
@@ -200,11 +201,19 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     }
 
 
-def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict], dict[str, dict]]:
+def placement_positions() -> int:
+    """The workers' LPX_WORKER_PLACEMENT_POSITIONS (they inherit this environment), else its default."""
+    default = WorkerSettings.model_fields["placement_positions"].default
+    return int(os.environ.get("LPX_WORKER_PLACEMENT_POSITIONS", default))
+
+
+def predict(args, policy: str, spec: FleetSpec, handoff_share: float) -> tuple[dict, dict]:
     """The routing simulator on the same configuration and the same seeded traffic: its steady scenario
     (no placement) and its placed one as the workers place (the demand seen so far, then every other
     active adapter, onto a local disk tier that holds the whole share, 10 fetches/s, re-planned every
-    10 s: the worker's defaults)."""
+    10 s, on LPX_WORKER_PLACEMENT_POSITIONS ring positions: the worker's defaults). `handoff_share`: the
+    share of requests the workers passed on over the bound in the measured run (the simulator takes it as
+    given and models where those requests go: to any worker under the bound)."""
     config = SimConfig(
         adapters=args.adapters,
         top_k=args.top_k,
@@ -225,11 +234,12 @@ def predict(args, policies: list[str], spec: FleetSpec) -> tuple[dict[str, dict]
         placement_fetch_per_s=10.0,
         placement_interval_s=10.0,
         disk_cache_adapters=args.adapters,
-        placement_successors=WorkerSettings.model_fields["placement_positions"].default,
+        placement_successors=placement_positions(),
+        handoff_share=handoff_share,
         seed=args.seed,
     )
-    report = run_comparison(config, policies, storm=False)
-    return report.steady, report.placed
+    report = run_comparison(config, [routing_of(policy)], storm=False)
+    return report.steady[routing_of(policy)], report.placed[routing_of(policy)]
 
 
 # --- runs -------------------------------------------------------------------------------------------
@@ -322,11 +332,10 @@ async def main_async(args) -> dict:
         if args.faults:
             faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
         predicted, predicted_steady = {}, {}
-        if args.policies:
-            simulated = sorted({routing_of(p) for p in args.policies})
-            steady, placed = predict(args, simulated, FleetSpec(decode_tok_s=args.decode_tok_s))
-            predicted = {p: placed[routing_of(p)] for p in args.policies}  # the workers run placement
-            predicted_steady = {p: steady[routing_of(p)] for p in args.policies}
+        for policy in args.policies:  # the workers run placement: `predicted` is the placed scenario
+            handed = measured[policy]["passed_on_per_1000"] / 1000.0
+            spec = FleetSpec(decode_tok_s=args.decode_tok_s)
+            predicted_steady[policy], predicted[policy] = predict(args, policy, spec, handed)
     finally:
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
@@ -426,7 +435,12 @@ def main() -> int:
     parser.add_argument("--adapters", type=int, default=500)
     parser.add_argument("--rate", type=float, default=30.0, help="requests per second (Poisson)")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=20.0, help="seconds sent before measuring")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="seconds sent before measuring (placement's fetches, 2 ring positions each, are done by then)",
+    )
     parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
     parser.add_argument("--decode-tok-s", type=float, default=16.0, help="simulated decode rate per sequence")
     parser.add_argument("--top-k", type=int, default=25, help="the most popular adapters ...")

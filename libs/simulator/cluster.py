@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable
 
@@ -65,6 +66,12 @@ class ClusterState:
 
     def workers_with_adapter(self, adapter_id: str) -> Collection[str]:
         return self.holders.get(adapter_id, ())
+
+    def pass_on(self, rng: random.Random, bound: int, away_from: str) -> str:
+        """Who takes a request a worker passed on: whoever pulls the pool's shared subject within the
+        bound, at random (the least loaded when nobody is under it)."""
+        under = [w for w, load in self.loads.items() if load < bound and w != away_from]
+        return rng.choice(under) if under else min(self.loads, key=self.loads.__getitem__)
 
     def max_over_mean(self) -> float:
         """Peak-to-mean in-flight load right now (1.0 when idle)."""

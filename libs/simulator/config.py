@@ -65,6 +65,11 @@ class SimConfig:
     # from outside host RAM is an object-store fetch (the reference deployment: the share fits host RAM).
     disk_cache_adapters: int = 0
     disk_load_s: float = 0.005
+    # The workers' own check of the load bound (services/worker/load_bound.py) passes a share of requests
+    # on to the pool's shared subject, where whoever pulls it within the bound runs it, away from the
+    # adapter's ring. Why (the gateways see each other's choices a few ms late) is not modelled: the
+    # share is an input (bench_fleet feeds the one it measured), drawn at random per request.
+    handoff_share: float = 0.0
     churn_every_s: float = 60.0  # the churn scenario: a replica leaves, and comes back half a period later
     sample_interval_s: float = 1.0
     seed: int = 0
@@ -78,6 +83,8 @@ class SimConfig:
             raise ValueError("fetch_s_min must be <= fetch_s_max")
         if self.placement_demand not in ("active", "seen", "oracle"):
             raise ValueError("placement_demand must be 'active', 'seen' or 'oracle'")
+        if not 0.0 <= self.handoff_share < 1.0:
+            raise ValueError("handoff_share must be in [0, 1)")
         if self.placement_interval_s <= 0 or self.disk_cache_adapters < 0:
             raise ValueError("placement_interval_s must be > 0, disk_cache_adapters >= 0")
 

@@ -95,6 +95,8 @@ class Simulation(PlacementEvents):
             max_spread=config.max_spread,
         )
         self.fetch_rng = random.Random(f"fetch:{config.seed}:{policy_name}:{scenario.name}")
+        self.handoffs_rng = random.Random(f"handoff:{config.seed}:{policy_name}:{scenario.name}")
+        self.handoffs = 0
         self.adapter_ids = [adapter_name(r) for r in range(config.adapters)]
         # Service model constants.
         self.copy_s = config.copy_s
@@ -166,6 +168,8 @@ class Simulation(PlacementEvents):
         adapter = self.adapter_ids[self.ranks[req]]
         self.demand[adapter] = self.demand.get(adapter, 0) + 1
         rep = self.cluster.replicas[self.policy.choose(adapter, self.cluster)]
+        if self.handoffs_rng.random() < self.config.handoff_share:  # the worker passes it on
+            rep = self.cluster.replicas[self._passed_on(rep)]
         self._assign(req, adapter, rep)
         if adapter in rep.slots or adapter in rep.host:
             if adapter in rep.host:
@@ -190,6 +194,11 @@ class Simulation(PlacementEvents):
         else:
             took = self.fetch_rng.uniform(self.config.fetch_s_min, self.config.fetch_s_max)
         self._push(now + took, _FETCHED, rep.index, adapter)
+
+    def _passed_on(self, rep: Replica) -> str:
+        self.handoffs += 1
+        bound = load_bound(self.cluster.total_load, len(self.replica_list), self.config.balance_factor)
+        return self.cluster.pass_on(self.handoffs_rng, bound, rep.name)
 
     def _assign(self, req: int, adapter: str, rep: Replica) -> None:
         """Book the request on its replica, checking the load bound as it stood when the router chose."""
@@ -325,7 +334,8 @@ class Simulation(PlacementEvents):
                 {"routed": stats.routed, "affinity_hits": stats.affinity_hits, "spills": stats.spills}
                 if stats is not None
                 else {}
-            ),
+            )
+            | {"handoffs": self.handoffs},
             placement_fetches=self.placement_fetches,
             object_fetches=self.object_fetches,
         )

@@ -55,6 +55,8 @@ def summarise(run: RunResult) -> dict:
         "replicas_per_adapter_weighted": mean_spread,
         "routing_stats": run.routing_stats,
         "placement_fetches": run.placement_fetches,
+        # Requests the workers passed on over the bound (SimConfig.handoff_share), over the whole run.
+        "passed_on_per_1000": run.routing_stats.get("handoffs", 0) * 1000.0 / max(1, run.requests),
         "cold_loads_per_s": run.cold_loads_per_s,
         "wall_s": run.wall_s,
     }

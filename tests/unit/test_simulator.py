@@ -351,3 +351,17 @@ def test_placement_of_every_active_adapter_comes_close_to_the_oracle():
     assert active.served_once
     assert active.object_fetches <= oracle.object_fetches + 5
     assert active.object_fetches * 5 < seen.object_fetches
+
+
+def test_requests_the_workers_pass_on_leave_the_ring_and_cost_loads():
+    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=30.0)
+    traffic = small_traffic(cfg)
+    kept = summarise(simulate(cfg, "bounded_load", traffic, steady(cfg)))
+    handed_cfg = cfg.with_changes(handoff_share=0.2)
+    handed = summarise(simulate(handed_cfg, "bounded_load", traffic, steady(handed_cfg)))
+    assert kept["passed_on_per_1000"] == 0
+    assert 150 < handed["passed_on_per_1000"] < 250  # the share asked for
+    assert handed["loads_per_1000"] > kept["loads_per_1000"] * 1.1  # away from the ring: more loads
+    assert handed["served_exactly_once"]
+    with pytest.raises(ValueError):
+        SMALL.with_changes(handoff_share=1.0)
