@@ -68,7 +68,8 @@ class SimConfig:
     # The workers' own check of the load bound (services/worker/load_bound.py) passes a share of requests
     # on to the pool's shared subject, where whoever pulls it within the bound runs it, away from the
     # adapter's ring. Why (the gateways see each other's choices a few ms late) is not modelled: the
-    # share is an input (bench_fleet feeds the one it measured), drawn at random per request.
+    # share is an input (bench_fleet feeds the one it measured), taken from the requests that fill their
+    # worker to the bound (those two gateways choosing at once would overfill).
     handoff_share: float = 0.0
     churn_every_s: float = 60.0  # the churn scenario: a replica leaves, and comes back half a period later
     sample_interval_s: float = 1.0

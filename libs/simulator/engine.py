@@ -168,7 +168,7 @@ class Simulation(PlacementEvents):
         adapter = self.adapter_ids[self.ranks[req]]
         self.demand[adapter] = self.demand.get(adapter, 0) + 1
         rep = self.cluster.replicas[self.policy.choose(adapter, self.cluster)]
-        if self.handoffs_rng.random() < self.config.handoff_share:  # the worker passes it on
+        if self.handoffs < self.config.handoff_share * (req + 1):  # below the share: one at the bound goes on
             rep = self.cluster.replicas[self._passed_on(rep)]
         self._assign(req, adapter, rep)
         if adapter in rep.slots or adapter in rep.host:
@@ -196,9 +196,14 @@ class Simulation(PlacementEvents):
         self._push(now + took, _FETCHED, rep.index, adapter)
 
     def _passed_on(self, rep: Replica) -> str:
+        """A request the router gave `rep` as it fills `rep` to the bound: the workers pass these on (two
+        gateways choosing at once both see its last place free), so they are the ones handed off."""
+        cluster = self.cluster
+        bound = load_bound(cluster.total_load, len(self.replica_list), self.config.balance_factor)
+        if cluster.loads[rep.name] + 1 < bound:
+            return rep.name
         self.handoffs += 1
-        bound = load_bound(self.cluster.total_load, len(self.replica_list), self.config.balance_factor)
-        return self.cluster.pass_on(self.handoffs_rng, bound, rep.name)
+        return cluster.pass_on(self.handoffs_rng, bound, rep.name)
 
     def _assign(self, req: int, adapter: str, rep: Replica) -> None:
         """Book the request on its replica, checking the load bound as it stood when the router chose."""

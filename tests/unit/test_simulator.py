@@ -354,7 +354,8 @@ def test_placement_of_every_active_adapter_comes_close_to_the_oracle():
 
 
 def test_requests_the_workers_pass_on_leave_the_ring_and_cost_loads():
-    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=30.0)
+    # about 2 in flight per replica, as in bench_fleet: requests often fill their replica to the bound
+    cfg = SMALL.with_changes(duration_s=60.0, warmup_s=30.0, requests_per_s=50.0, output_tokens=32)
     traffic = small_traffic(cfg)
     kept = summarise(simulate(cfg, "bounded_load", traffic, steady(cfg)))
     handed_cfg = cfg.with_changes(handoff_share=0.2)
