@@ -64,6 +64,10 @@ class PlacementEvents:
         # "active": then every other active adapter, in digest order (unrelated to its popularity)
         return seen + [a for a in self._digest_order if a not in self.demand]
 
+    # A replica's share in the order the workers fetch it (services/worker/placement.py): the requested
+    # adapters first, owned ones before spill copies, most requested first; then the active adapters
+    # nobody requested yet, again owned before spill copies. Sorting (tail, position, rank) gives that.
+
     def _placement_tier(self, rep: Replica):
         if self.config.disk_cache_adapters:
             return rep.disk, self.config.disk_cache_adapters
@@ -73,12 +77,15 @@ class PlacementEvents:
         """Every member fetches what the ring over the members gives it and it does not hold yet, most
         requested first, at the placement rate (queued behind what it is still fetching)."""
         ring = HashRing(self.members, vnodes=self.config.vnodes)
-        owned: dict[str, list[str]] = {name: [] for name in self.members}
-        for adapter in self._ranked():
-            for name in ring.preference_list(adapter)[: self.config.placement_successors]:
-                owned[name].append(adapter)
+        owned: dict[str, list[tuple]] = {name: [] for name in self.members}
+        active = self.config.placement_demand == "active"
+        for index, adapter in enumerate(self._ranked()):
+            tail = active and adapter not in self.demand
+            for position, name in enumerate(ring.preference_list(adapter)[: self.config.placement_successors]):
+                owned[name].append((tail, position, index, adapter))
         gap = 1.0 / self.config.placement_fetch_per_s
-        for name, adapters in owned.items():
+        for name, entries in owned.items():
+            adapters = [adapter for *_, adapter in sorted(entries)]  # the order of `placement_order`
             rep = self.cluster.replicas[name]
             tier, capacity = self._placement_tier(rep)
             queued = self.to_place.setdefault(rep.index, set())

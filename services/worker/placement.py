@@ -55,16 +55,20 @@ def make_plan(
     positions: int = 1,
 ) -> Plan:
     """The adapters `me` holds one of the first `positions` places of, on the ring over `members` (pure:
-    the gateways' ring, the same answer)."""
+    the gateways' ring, the same answer), in the order to fetch them."""
     if me not in members:
         return Plan()
     ring = HashRing(members)
-    ranked = sorted(demand.items(), key=lambda item: (-item[1][1], item[0]))
-    owned = tuple(
-        ref
-        for digest, (ref, _) in ranked
-        if ref.base_model == base_model and ref.rank <= max_rank and me in ring.preference_list(digest)[:positions]
-    )
+    mine = []  # (not requested, ring position, -requests, digest): the fetch order
+    for digest, (ref, requests) in demand.items():
+        if ref.base_model != base_model or ref.rank > max_rank:
+            continue
+        order = ring.preference_list(digest)[:positions]
+        if me in order:
+            mine.append(((requests <= 0, order.index(me), -requests, digest), ref))
+    # Requested first, and the owner's copies before the spill copies (the owner takes every request
+    # while it is under the bound), most requested first; then the active versions nobody asked for.
+    owned = tuple(ref for _, ref in sorted(mine, key=lambda entry: entry[0]))
     kept, used = [], 0
     for ref in owned:
         size = ref.size_bytes or UNKNOWN_SIZE_BYTES

@@ -59,6 +59,17 @@ def test_two_positions_place_each_adapter_on_its_owner_and_on_the_worker_the_bou
         assert holders == {owner, spilled} and spilled != owner
 
 
+def test_with_two_positions_the_owned_copies_come_before_the_spill_copies():
+    router = BoundedLoadRouter(workers=WORKERS)
+    got = plan("w2", positions=2).owned
+    owner = [router.primary(r.digest) == "w2" for r in got]
+    assert any(owner) and not all(owner)
+    assert owner == sorted(owner, reverse=True)  # every owned copy, then the spill copies
+    counts = demand_of([ref(i) for i in range(400)])
+    for part in (got[: sum(owner)], got[sum(owner) :]):  # each part most requested first
+        assert [counts[r.digest][1] for r in part] == sorted((counts[r.digest][1] for r in part), reverse=True)
+
+
 def test_most_requested_first_and_the_budget_bounds_what_is_kept():
     full = plan("w1")
     counts = demand_of([ref(i) for i in range(400)])
