@@ -64,18 +64,16 @@ class PlacementEvents:
         # "active": then every other active adapter, in digest order (unrelated to its popularity)
         return seen + [a for a in self._digest_order if a not in self.demand]
 
-    # A replica's share in the order the workers fetch it (services/worker/placement.py): the requested
-    # adapters first, owned ones before spill copies, most requested first; then the active adapters
-    # nobody requested yet, again owned before spill copies. Sorting (tail, position, rank) gives that.
-
     def _placement_tier(self, rep: Replica):
         if self.config.disk_cache_adapters:
             return rep.disk, self.config.disk_cache_adapters
         return rep.host, self.config.host_capacity
 
     def _place(self, now: float) -> None:
-        """Every member fetches what the ring over the members gives it and it does not hold yet, most
-        requested first, at the placement rate (queued behind what it is still fetching)."""
+        """Every member fetches what the ring over the members gives it and it does not hold yet, at the
+        placement rate (queued behind what it is still fetching), in the workers' order: the requested
+        adapters first, owned copies before spill copies, most requested first; then the active adapters
+        nobody requested yet, owned before spill copies (sorting by tail, position, rank)."""
         ring = HashRing(self.members, vnodes=self.config.vnodes)
         owned: dict[str, list[tuple]] = {name: [] for name in self.members}
         active = self.config.placement_demand == "active"
@@ -85,7 +83,7 @@ class PlacementEvents:
                 owned[name].append((tail, position, index, adapter))
         gap = 1.0 / self.config.placement_fetch_per_s
         for name, entries in owned.items():
-            adapters = [adapter for *_, adapter in sorted(entries)]  # the order of `placement_order`
+            adapters = [adapter for *_, adapter in sorted(entries)]
             rep = self.cluster.replicas[name]
             tier, capacity = self._placement_tier(rep)
             queued = self.to_place.setdefault(rep.index, set())
