@@ -101,6 +101,7 @@ class Worker:
         self.answering = 0  # results stamped, being published and acknowledged (out of `in_flight`)
         self.handed_off = 0
         self._stopping = asyncio.Event()
+        self._bound_checks = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._token_window: list[tuple[float, int]] = []
@@ -204,9 +205,12 @@ class Worker:
             return free
 
         async def start(msgs: list) -> None:
-            if self.bound is not None:
-                msgs = await (self._within_bound_own(msgs) if name == "own" else self._within_bound_pool(msgs))
-            self.capacity.take(len(msgs))
+            if self.bound is None:
+                self.capacity.take(len(msgs))
+            else:  # one loop's check and take at a time: a check waiting on a publish sees the other's take
+                async with self._bound_checks:
+                    msgs = await (self._within_bound_own(msgs) if name == "own" else self._within_bound_pool(msgs))
+                    self.capacity.take(len(msgs))
             await self.report_load()
             for msg in msgs:
                 self._spawn(msg)

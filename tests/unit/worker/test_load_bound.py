@@ -104,3 +104,44 @@ def test_a_passed_on_message_keeps_its_headers_and_gets_its_own_id_on_the_pool_s
     assert headers["traceparent"] == "00-abc" and headers["Nats-Msg-Id"] == "r1@gw-bound-a"
     assert passed_on_headers(msg, "a") == headers  # a redelivery passed on again: the same id (stored once)
     assert pool_subject("p", msg) == subjects.infer_any("p", "tok")
+
+
+class _Msg:
+    def __init__(self, n: int) -> None:
+        self.data, self.headers, self.reply = b"{}", {"Nats-Msg-Id": f"m{n}"}, f"r{n}"
+        self.subject = "lpx.infer.p.w.a.tok"
+        self.metadata = SimpleNamespace(num_delivered=1)
+        self.naked = False
+
+    async def ack(self) -> None:
+        pass
+
+    async def nak(self, delay: float = 0) -> None:
+        self.naked = True
+
+
+async def test_the_two_pull_loops_check_the_bound_one_at_a_time():
+    """The own loop passes a message on (a publish: it waits) after keeping two; the pool loop's check
+    must see those two taken, or the worker ends over the bound (the race behind violations at the worker)."""
+    from services.worker.app import Capacity, Worker
+
+    async def slow_publish(*args, **kwargs) -> None:
+        await asyncio.sleep(0.05)
+
+    async def nothing() -> None:
+        pass
+
+    worker = Worker.__new__(Worker)
+    worker.worker_id, worker.settings = "a", SimpleNamespace(pool="p")
+    worker.capacity, worker.answering = Capacity(16), 0
+    worker.bound = bound_for("a", ["a", "b"], {"b": 0})  # a may hold 2: ceil(1.25 * 3 / 2) = 2
+    worker._bound_checks = asyncio.Lock()
+    worker.js = SimpleNamespace(publish=slow_publish)
+    worker.report_load, worker._recreate_consumers = nothing, nothing
+    spawned = []
+    worker._spawn = spawned.append
+    own, pool = worker._pulling(None, "own"), worker._pulling(None, "pool")
+    late = _Msg(9)
+    await asyncio.gather(own.deliver([_Msg(1), _Msg(2), _Msg(3)]), pool.deliver([late]))
+    assert worker.capacity.used == len(spawned) == 2  # within the bound
+    assert late.naked and worker.bound.handed_on == 1
