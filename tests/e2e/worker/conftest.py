@@ -142,7 +142,7 @@ def worker_settings(connections, tmp_path, worker_id: str, **overrides):
         capacity=8,
         disk_cache_dir=tmp_path / f"cache-{worker_id}",
         heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=3,
+        heartbeat_ttl_s=6,  # the gateway tests' staleness (tests/e2e/gateway/conftest.py)
         # These tests address one worker and check what it did; the pool's load bound would pass part of a
         # burst on to the other workers a test started (the bound has its own tests in tests/integration/fleet).
         load_bound=False,
