@@ -46,6 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
 from libs.contracts import AdapterTier, InferenceResult, subjects
 from libs.fleet import Fleet, FleetSpec
@@ -202,10 +204,16 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     }
 
 
+class _WorkersPlacement(BaseSettings):
+    """The one worker setting the simulator must share with the workers (they inherit this environment)."""
+
+    model_config = SettingsConfigDict(env_prefix="LPX_WORKER_", extra="ignore")
+    placement_positions: int = WorkerSettings.model_fields["placement_positions"].default
+
+
 def placement_positions() -> int:
-    """The workers' LPX_WORKER_PLACEMENT_POSITIONS (they inherit this environment), else its default."""
-    default = WorkerSettings.model_fields["placement_positions"].default
-    return int(os.environ.get("LPX_WORKER_PLACEMENT_POSITIONS", default))
+    """The workers' LPX_WORKER_PLACEMENT_POSITIONS, else its default."""
+    return _WorkersPlacement().placement_positions
 
 
 def predict(args, policy: str, spec: FleetSpec, handoff_share: float) -> tuple[dict, dict]:
@@ -269,7 +277,9 @@ async def run_policy(
         async with LoraplexClient(connections.nats_url, api_key=key, **_operator(connections)) as client:
             samples = await drive(client, key, stream, aliases, args, on_tick=maybe_kill)
             summary = summarise(samples, args.workers, DEFAULT_BALANCE_FACTOR)
-            summary["passed_on_per_1000"] = await passed_on(client.js) * 1000.0 / max(1, len(samples))
+            handed, kept_over = await bound_counts(client.js)
+            summary["passed_on_per_1000"] = handed * 1000.0 / max(1, len(samples))
+            summary["kept_over_bound"] = kept_over
             if faults:
                 summary.update(await exactly_once(client, samples))
     finally:
@@ -282,12 +292,13 @@ def routing_of(policy: str) -> str:
     return "bounded_load" if policy == "bounded_load_approx" else policy
 
 
-async def passed_on(js) -> int:
-    """Messages the workers passed on over the load bound in this run (their heartbeats' counts)."""
+async def bound_counts(js) -> tuple[int, int]:
+    """Messages the workers passed on over the load bound in this run, and pool messages they kept over it
+    after too many returns (their heartbeats' counts)."""
     from libs.fleetview.sources import read_heartbeats
 
-    beats = (await read_heartbeats(js)).beats
-    return sum(b.bound_passed_on for b in beats.values() if b.pool == FleetSpec().pool)
+    beats = [b for b in (await read_heartbeats(js)).beats.values() if b.pool == FleetSpec().pool]
+    return sum(b.bound_passed_on for b in beats), sum(b.bound_kept_over for b in beats)
 
 
 def _operator(connections) -> dict:
@@ -363,6 +374,7 @@ FIGURES = (
     ("bound_violations", "bound viol.", "{:.0f}"),
     ("bound_violations_at_worker", "viol. at worker", "{:.0f}"),
     ("passed_on_per_1000", "passed on/1k", "{:.1f}"),
+    ("kept_over_bound", "kept over", "{:.0f}"),
     ("latency_p50_s", "p50 s", "{:.2f}"),
     ("latency_p99_s", "p99 s", "{:.2f}"),
 )

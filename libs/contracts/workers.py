@@ -48,6 +48,8 @@ class WorkerHeartbeat(Message):
     placement_backlog: int = 0
     # The pool's load bound (services/worker/load_bound.py): messages passed on to another worker since start.
     bound_passed_on: int = 0
+    # ... and pool messages it kept over the bound after they came back MAX_RETURNS times (no worker had room).
+    bound_kept_over: int = 0
 
 
 class WorkerLoad(Message):

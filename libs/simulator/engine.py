@@ -167,9 +167,7 @@ class Simulation(PlacementEvents):
             self.next_sample += self.config.sample_interval_s
         adapter = self.adapter_ids[self.ranks[req]]
         self.demand[adapter] = self.demand.get(adapter, 0) + 1
-        rep = self.cluster.replicas[self.policy.choose(adapter, self.cluster)]
-        if self.handoffs < self.config.handoff_share * (req + 1):  # below the share: one at the bound goes on
-            rep = self.cluster.replicas[self._passed_on(rep)]
+        rep = self.cluster.replicas[self._taken_by(req, self.policy.choose(adapter, self.cluster))]
         self._assign(req, adapter, rep)
         if adapter in rep.slots or adapter in rep.host:
             if adapter in rep.host:
@@ -195,15 +193,18 @@ class Simulation(PlacementEvents):
             took = self.fetch_rng.uniform(self.config.fetch_s_min, self.config.fetch_s_max)
         self._push(now + took, _FETCHED, rep.index, adapter)
 
-    def _passed_on(self, rep: Replica) -> str:
-        """A request the router gave `rep` as it fills `rep` to the bound: the workers pass these on (two
-        gateways choosing at once both see its last place free), so they are the ones handed off."""
+    def _taken_by(self, req: int, chosen: str) -> str:
+        """The worker that runs request `req` the router gave `chosen`: `chosen`, unless the workers' hand-offs
+        are below their share (SimConfig.handoff_share) and `req` fills `chosen` to the bound. The workers
+        pass those on (two gateways choosing at once both see its last place free), to one under the bound."""
         cluster = self.cluster
+        if self.handoffs >= self.config.handoff_share * (req + 1):
+            return chosen
         bound = load_bound(cluster.total_load, len(self.replica_list), self.config.balance_factor)
-        if cluster.loads[rep.name] + 1 < bound:
-            return rep.name
+        if cluster.loads[chosen] + 1 < bound:
+            return chosen
         self.handoffs += 1
-        return cluster.pass_on(self.handoffs_rng, bound, rep.name)
+        return cluster.pass_on(self.handoffs_rng, bound, chosen)
 
     def _assign(self, req: int, adapter: str, rep: Replica) -> None:
         """Book the request on its replica, checking the load bound as it stood when the router chose."""

@@ -23,10 +23,11 @@ from libs.engine import create_engine
 from libs.objectstore import ObjectStore
 from libs.telemetry import Telemetry, inject_headers, setup_telemetry
 from services.worker.batch_share import batch_share_for
+from services.worker.bounded_take import BoundedTake, Capacity
 from services.worker.disk_cache import DiskCache
 from services.worker.engine_setup import admission_for, engine_config
 from services.worker.heartbeat import Heartbeater, heartbeat_bucket_config
-from services.worker.load_bound import RETURN_DELAY_S, LoadBound, passed_on_headers, pool_subject
+from services.worker.load_bound import LoadBound
 from services.worker.metrics import WorkerMetrics, register_queue_gauges
 from services.worker.placement import Placement
 from services.worker.processor import RequestProcessor
@@ -34,33 +35,6 @@ from services.worker.settings import WorkerSettings
 from services.worker.tiers import AdapterTiers
 
 log = logging.getLogger(__name__)
-
-
-class Capacity:
-    """How many more requests the worker may take, shared by its two pull loops.
-
-    A loop waits for free room, fetches at most that many, and only then takes what actually arrived:
-    room is never held by a loop long-polling an empty consumer (which would starve the other loop).
-    The two loops can together overshoot the limit by at most one batch, briefly.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._changed = asyncio.Condition()
-
-    async def wait_for_room(self) -> int:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used < self.limit)
-            return self.limit - self.used
-
-    def take(self, count: int) -> None:
-        self.used += count
-
-    async def give_back(self, count: int = 1) -> None:
-        async with self._changed:
-            self.used -= count
-            self._changed.notify_all()
 
 
 class Worker:
@@ -96,12 +70,19 @@ class Worker:
             if settings.load_bound
             else None
         )
+        self.take = BoundedTake(
+            self.capacity,
+            self.bound,
+            me=self.worker_id,
+            pool=settings.pool,
+            in_flight=lambda: self.in_flight,
+            publish=lambda *args, **kwargs: self.js.publish(*args, **kwargs),
+        )
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.answering = 0  # results stamped, being published and acknowledged (out of `in_flight`)
         self.handed_off = 0
         self._stopping = asyncio.Event()
-        self._bound_checks = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._token_window: list[tuple[float, int]] = []
@@ -198,63 +179,21 @@ class Worker:
 
     # --- pulling -------------------------------------------------------------------------------
     def _pulling(self, sub, name: str) -> PullConsumer:
-        async def room() -> int:
-            free = await self.capacity.wait_for_room()
-            if name == "pool" and self.bound is not None:  # only what keeps this worker within the bound
-                free = await self.bound.wait_for_room(lambda: self.in_flight, free)
-            return free
-
         async def start(msgs: list) -> None:
-            if self.bound is None:
-                self.capacity.take(len(msgs))
-            else:  # one loop's check and take at a time: a check waiting on a publish sees the other's take
-                async with self._bound_checks:
-                    msgs = await (self._within_bound_own(msgs) if name == "own" else self._within_bound_pool(msgs))
-                    self.capacity.take(len(msgs))
+            msgs = await self.take.take(name, msgs)
             await self.report_load()
             for msg in msgs:
                 self._spawn(msg)
 
         return PullConsumer(
-            sub, name, room=room, deliver=start, poll_s=0.5, max_batch=16, after_failure=self._recreate_consumers
+            sub,
+            name,
+            room=lambda: self.take.room(name),
+            deliver=start,
+            poll_s=0.5,
+            max_batch=16,
+            after_failure=self._recreate_consumers,
         )
-
-    async def _within_bound_own(self, msgs: list) -> list:
-        """What this worker keeps of its own subject's messages; those over the pool's load bound go to the
-        pool's shared subject (services/worker/load_bound.py)."""
-        kept = []
-        for msg in msgs:
-            if not (self.bound.over(self.in_flight + len(kept)) and await self._pass_on(msg)):
-                kept.append(msg)
-        return kept
-
-    async def _within_bound_pool(self, msgs: list) -> list:
-        """What this worker keeps of the pool's messages; one over the bound (the own subject filled the
-        worker while this pull waited) goes back to the pool's consumer, until it came back too often."""
-        kept = []
-        for msg in msgs:
-            deliveries = getattr(getattr(msg, "metadata", None), "num_delivered", 1) or 1
-            if self.bound.over(self.in_flight + len(kept)) and not self.bound.keep_returned(deliveries):
-                with contextlib.suppress(Exception):  # not handed back: redelivered after ack_wait
-                    await msg.nak(delay=RETURN_DELAY_S)
-                continue
-            kept.append(msg)
-        return kept
-
-    async def _pass_on(self, msg) -> bool:
-        """Publish to the pool's shared subject, then ack: false (keep it here) when the publish fails."""
-        started = time.perf_counter()
-        try:
-            await self.js.publish(
-                pool_subject(self.settings.pool, msg), msg.data, headers=passed_on_headers(msg, self.worker_id)
-            )
-        except Exception as exc:
-            log.warning("could not pass a message on over the load bound (%s); kept", type(exc).__name__)
-            return False
-        with contextlib.suppress(Exception):  # not acked: redelivered here, and its copy is stored once
-            await msg.ack()
-        self.bound.passed_on(time.perf_counter() - started)
-        return True
 
     async def report_load(self) -> None:
         """Tell the gateways and the pool's workers this worker's in-flight count now (core NATS, fire and

@@ -121,6 +121,7 @@ class Heartbeater:
             placement_resident=w.placement.stats.resident,
             placement_backlog=w.placement.stats.backlog,
             bound_passed_on=w.bound.handed_on if getattr(w, "bound", None) is not None else 0,
+            bound_kept_over=w.bound.kept_over if getattr(w, "bound", None) is not None else 0,
             tier_hits=dict(w.metrics.found_at),
             adapter_requests=dict(w.tiers.hotness.top(HOT_ADAPTERS_IN_BEAT)),
             adapter_since=self.tenure.update(listed, time.time()),

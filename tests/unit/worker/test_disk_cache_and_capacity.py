@@ -11,7 +11,7 @@ import pytest
 from libs.contracts import AdapterRef
 from libs.lora.format import ADAPTER_FILES, digest_of_files, file_sha256
 from libs.objectstore import DigestMismatch
-from services.worker.app import Capacity
+from services.worker.bounded_take import Capacity
 from services.worker.disk_cache import DiskCache
 
 

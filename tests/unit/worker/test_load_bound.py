@@ -123,25 +123,25 @@ class _Msg:
 async def test_the_two_pull_loops_check_the_bound_one_at_a_time():
     """The own loop passes a message on (a publish: it waits) after keeping two; the pool loop's check
     must see those two taken, or the worker ends over the bound (the race behind violations at the worker)."""
-    from services.worker.app import Capacity, Worker
+    from services.worker.bounded_take import BoundedTake, Capacity
 
     async def slow_publish(*args, **kwargs) -> None:
         await asyncio.sleep(0.05)
 
-    async def nothing() -> None:
-        pass
-
-    worker = Worker.__new__(Worker)
-    worker.worker_id, worker.settings = "a", SimpleNamespace(pool="p")
-    worker.capacity, worker.answering = Capacity(16), 0
-    worker.bound = bound_for("a", ["a", "b"], {"b": 0})  # a may hold 2: ceil(1.25 * 3 / 2) = 2
-    worker._bound_checks = asyncio.Lock()
-    worker.js = SimpleNamespace(publish=slow_publish)
-    worker.report_load, worker._recreate_consumers = nothing, nothing
-    spawned = []
-    worker._spawn = spawned.append
-    own, pool = worker._pulling(None, "own"), worker._pulling(None, "pool")
+    capacity = Capacity(16)
+    bound = bound_for("a", ["a", "b"], {"b": 0})  # a may hold 2: ceil(1.25 * 3 / 2) = 2
+    take = BoundedTake(capacity, bound, me="a", pool="p", in_flight=lambda: capacity.used, publish=slow_publish)
     late = _Msg(9)
-    await asyncio.gather(own.deliver([_Msg(1), _Msg(2), _Msg(3)]), pool.deliver([late]))
-    assert worker.capacity.used == len(spawned) == 2  # within the bound
-    assert late.naked and worker.bound.handed_on == 1
+    own, pool = await asyncio.gather(take.take("own", [_Msg(1), _Msg(2), _Msg(3)]), take.take("pool", [late]))
+    assert capacity.used == len(own) + len(pool) == 2  # within the bound
+    assert late.naked and bound.handed_on == 1 and pool == []
+
+
+async def test_without_a_bound_every_message_fetched_is_kept():
+    from services.worker.bounded_take import BoundedTake, Capacity
+
+    capacity = Capacity(4)
+    take = BoundedTake(capacity, None, me="a", pool="p", in_flight=lambda: capacity.used, publish=None)
+    msgs = [_Msg(1), _Msg(2)]
+    assert await take.take("own", msgs) == msgs and capacity.used == 2
+    assert await take.room("pool") == 2
