@@ -39,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +48,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from benchmarks.registry_inproc import adapter_files, admin_http, registry_process
 from libs.contracts import AdapterTier, InferenceResult, subjects
 from libs.fleet import Fleet, FleetSpec
 from libs.models.bootstrap import fetch
@@ -73,12 +73,11 @@ def make_adapters(base: Path, root: Path, count: int) -> list[Path]:
     return list(outs.values())
 
 
-async def setup_registry(connections: ConnectionSettings, adapters: list[Path]):
-    """The registry in-process, a tenant, every adapter pushed and activated (admin override: the eval
-    gate is not what this benchmark measures). Returns (api key, alias -> digest, lifespan)."""
-    app, lifespan = await start_registry(connections, "lpx_bench_fleet")
+async def setup_registry(url: str, adapters: list[Path]) -> tuple[str, dict[str, str]]:
+    """On the registry at `url`: a tenant, every adapter pushed and activated (admin override: the eval
+    gate is not what this benchmark measures). Returns (api key, alias -> digest)."""
     slots = asyncio.Semaphore(4)
-    async with admin_client(app) as admin:
+    async with admin_http(url) as admin:
         key = (await admin.post("/v1/tenants", json={"name": TENANT})).raise_for_status().json()["api_key"]
 
         async def push(i: int, path: Path) -> tuple[str, str]:
@@ -95,7 +94,7 @@ async def setup_registry(connections: ConnectionSettings, adapters: list[Path]):
             return alias, version["digest"]
 
         aliases = dict(await asyncio.gather(*(push(i, p) for i, p in enumerate(adapters))))
-    return key, aliases, lifespan
+    return key, aliases
 
 
 # --- traffic ----------------------------------------------------------------------------------------
@@ -193,6 +192,7 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
     return {
         "requests": n,
         "errors": sum(not s.result.ok for s in measured),
+        "error_reasons": error_reasons(measured),
         "loads_per_1000": (cold + host) * per_1k,
         "cold_loads_per_1000": cold * per_1k,
         "object_fetches_per_1000": from_s3 * per_1k,
@@ -287,6 +287,16 @@ async def run_policy(
     return summary, samples
 
 
+def error_reasons(samples: list[Sample], top: int = 5) -> dict[str, int]:
+    """The most frequent errors answered, by code and message (a benchmark's errors must be explainable)."""
+    reasons = Counter(
+        f"{s.result.error.code}: {s.result.error.message[:120]}" if s.result.error else "no error info"
+        for s in samples
+        if not s.result.ok
+    )
+    return dict(reasons.most_common(top))
+
+
 def routing_of(policy: str) -> str:
     """The gateways' routing policy of a benchmark policy (bounded_load_approx routes as bounded_load)."""
     return "bounded_load" if policy == "bounded_load_approx" else policy
@@ -325,34 +335,32 @@ async def main_async(args) -> dict:
     adapters = make_adapters(base, state / "adapters", args.adapters)
     stack = Stack(StackConfig(dir=state / "stack"))
     stack.up()
-    lifespan = None
     try:
-        key, digests, lifespan = await setup_registry(ConnectionSettings.load(stack.env_file), adapters)
-        aliases = sorted(digests)
-        stream = make_traffic(
-            args.adapters, args.top_k, args.top_share, args.rate, args.warmup + args.duration, args.seed
-        )
-        print(
-            f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
-            f"{args.gateways} gateways",
-            flush=True,
-        )
-        measured, faults = {}, {}
-        for policy in args.policies:
-            measured[policy], _ = await run_policy(stack, state, key, aliases, stream, args, policy)
-            print(f"  measured {policy}", flush=True)
-        if args.faults:
-            faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
-        predicted, predicted_steady, predicted_handoffs = {}, {}, {}
-        spec = FleetSpec(decode_tok_s=args.decode_tok_s)
-        for policy in args.policies:  # the workers run placement: `predicted` is the placed scenario
-            predicted_steady[policy], predicted[policy] = predict(args, policy, spec, 0.0)
-            handed = measured[policy]["passed_on_per_1000"] / 1000.0
-            if handed:
-                predicted_handoffs[policy] = predict(args, policy, spec, handed)[1]
+        async with registry_process(stack.env_file, "lpx_bench_fleet", state / "registry.log") as registry_url:
+            key, digests = await setup_registry(registry_url, adapters)
+            aliases = sorted(digests)
+            stream = make_traffic(
+                args.adapters, args.top_k, args.top_share, args.rate, args.warmup + args.duration, args.seed
+            )
+            print(
+                f"  {len(stream)} requests per run, {args.adapters} adapters, {args.workers} workers, "
+                f"{args.gateways} gateways",
+                flush=True,
+            )
+            measured, faults = {}, {}
+            for policy in args.policies:
+                measured[policy], _ = await run_policy(stack, state, key, aliases, stream, args, policy)
+                print(f"  measured {policy}", flush=True)
+            if args.faults:
+                faults, _ = await run_policy(stack, state, key, aliases, stream, args, "bounded_load", faults=True)
+            predicted, predicted_steady, predicted_handoffs = {}, {}, {}
+            spec = FleetSpec(decode_tok_s=args.decode_tok_s)
+            for policy in args.policies:  # the workers run placement: `predicted` is the placed scenario
+                predicted_steady[policy], predicted[policy] = predict(args, policy, spec, 0.0)
+                handed = measured[policy]["passed_on_per_1000"] / 1000.0
+                if handed:
+                    predicted_handoffs[policy] = predict(args, policy, spec, handed)[1]
     finally:
-        if lifespan is not None:
-            await lifespan.__aexit__(None, None, None)
         stack.purge()
     return {
         "config": vars(args) | {"out": str(args.out)},
@@ -412,6 +420,9 @@ def render(report: dict, out: Path) -> None:
             f"{policy}: loads/1k {p['loads_per_1000']:.1f}, cold/1k {p['cold_loads_per_1000']:.1f}, "
             f"S3/1k {p['object_fetches_per_1000']:.1f}, p99 {p['latency_p99_s']:.2f} s"
         )
+    for policy, m in report["measured"].items():
+        for reason, count in m.get("error_reasons", {}).items():
+            console.print(f"{policy}: {count} answered with an error: {reason}")
     f = report["faults"]
     if f:
         console.print(

@@ -4,8 +4,13 @@ its lifespan (NATS responders, outbox), and an admin HTTP client over ASGI."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,25 +22,82 @@ from libs.engine.profile import default_profile_path, load_profile
 ADMIN_TOKEN = "b"
 
 
-async def start_registry(connections, db_name: str):
-    """Create `db_name`, start the registry on it; returns (app, lifespan) — `await lifespan.__aexit__(
-    None, None, None)` stops it."""
+async def create_database(connections, db_name: str) -> str:
+    """A fresh database `db_name` on the stack's PostgreSQL; its DSN."""
     import asyncpg
-
-    from services.registry.api import create_app
-    from services.registry.settings import RegistrySettings
 
     conn = await asyncpg.connect(connections.pg_dsn.replace("postgresql+asyncpg://", "postgresql://"))
     try:
         await conn.execute(f'CREATE DATABASE "{db_name}"')
     finally:
         await conn.close()
-    dsn = connections.pg_dsn.rsplit("/", 1)[0] + "/" + db_name
+    return connections.pg_dsn.rsplit("/", 1)[0] + "/" + db_name
+
+
+async def start_registry(connections, db_name: str):
+    """Create `db_name`, start the registry on it; returns (app, lifespan) — `await lifespan.__aexit__(
+    None, None, None)` stops it."""
+    from services.registry.api import create_app
+    from services.registry.settings import RegistrySettings
+
+    dsn = await create_database(connections, db_name)
     settings = RegistrySettings(connections=connections.model_copy(update={"pg_dsn": dsn}), admin_token=ADMIN_TOKEN)
     app = create_app(settings)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
     return app, lifespan
+
+
+@asynccontextmanager
+async def registry_process(env_file: Path, db_name: str, log_path: Path, timeout_s: float = 120):
+    """The registry as its own process (as deployed) on a fresh database `db_name`; yields its URL. For
+    benchmarks that drive load from their own event loop: a registry inside it answers the gateways'
+    resolves late, and they serve errors ("registry unavailable") for what they have not cached."""
+    from libs.fleet import free_port
+    from libs.settings import ConnectionSettings
+
+    dsn = await create_database(ConnectionSettings.load(env_file), db_name)
+    port = free_port()
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(env_file),
+        "LPX_PG_DSN": dsn,
+        "LPX_REGISTRY_HOST": "127.0.0.1",
+        "LPX_REGISTRY_PORT": str(port),
+        "LPX_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.registry"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _until_ready(url, proc, timeout_s, log_path)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def _until_ready(url: str, proc: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the registry exited with {proc.returncode}; its log: {log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(f"{url}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"the registry was not ready within {timeout_s:.0f} s; its log: {log_path}")
+
+
+def admin_http(url: str) -> httpx.AsyncClient:
+    """An admin client of a registry process."""
+    return httpx.AsyncClient(base_url=url, timeout=120, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
 
 def admin_client(app) -> httpx.AsyncClient:
