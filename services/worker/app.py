@@ -181,9 +181,12 @@ class Worker:
     def _pulling(self, sub, name: str) -> PullConsumer:
         async def start(msgs: list) -> None:
             msgs = await self.take.take(name, msgs)
+            # Stamped as kept, where the bound was checked: a task starting later on a busy loop would
+            # stamp a moment the check never saw (the fleet benchmark reconstructs loads from it).
+            taken_at = time.time()
             await self.report_load()
             for msg in msgs:
-                self._spawn(msg)
+                self._spawn(msg, taken_at)
 
         return PullConsumer(
             sub,
@@ -212,12 +215,12 @@ class Worker:
         with contextlib.suppress(Exception):
             await self.link.provision()
 
-    def _spawn(self, msg) -> None:
-        task = asyncio.create_task(self._handle(msg))
+    def _spawn(self, msg, taken_at: float | None = None) -> None:
+        task = asyncio.create_task(self._handle(msg, taken_at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, msg) -> None:
+    async def _handle(self, msg, taken_at: float | None = None) -> None:
         self.metrics.in_flight.add(1)
         answered = False
 
@@ -229,7 +232,7 @@ class Worker:
                 await self.report_load()
 
         try:
-            await self.processor.handle(msg, on_result=answering)
+            await self.processor.handle(msg, on_result=answering, taken_at=taken_at)
         except Exception as exc:
             if is_transient(exc):  # the broker is away: expected, no traceback
                 log.warning(

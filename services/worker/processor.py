@@ -91,10 +91,13 @@ class RequestProcessor:
         self.answered = RecentIds()
         self.generated_tokens = 0
 
-    async def handle(self, msg: Msg, on_result: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def handle(
+        self, msg: Msg, on_result: Callable[[], Awaitable[None]] | None = None, taken_at: float | None = None
+    ) -> None:
         """One message, start to acknowledgement. `on_result`: awaited once the result is stamped and
-        about to be published (the worker stops counting the request in its load then)."""
-        fetched_at = time.time()
+        about to be published (the worker stops counting the request in its load then). `taken_at`: when
+        the worker kept it (its load bound checked then), else now: the request's `fetched_at`."""
+        fetched_at = taken_at or time.time()
         try:
             request = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:

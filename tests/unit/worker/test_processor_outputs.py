@@ -100,3 +100,37 @@ async def test_the_load_is_released_after_the_stamp_and_before_the_publish():
     ((released_at, published_before),) = seen
     assert published_before == 0
     assert InferenceResult.model_validate_json(data).timings.result_sent_at <= released_at
+
+
+class _Msg:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.headers, self.subject, self.acked = data, {}, "lpx.infer.p.w1.t", False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+
+class _Counter:
+    def add(self, *_args, **_kwargs) -> None:
+        pass
+
+
+async def test_fetched_at_is_when_the_worker_kept_the_message_not_when_its_task_started():
+    nc = _Recorder()
+    processor = RequestProcessor(worker_id="w1", nc=nc, js=nc, engine=None, tiers=None, metrics=None, ack_wait_s=30)
+    processor.metrics = type("M", (), {"requests": _Counter()})()
+
+    async def never_answered(_request) -> bool:
+        return False
+
+    processor._already_answered = never_answered
+    # A passed deadline: answered with an error at once, its timings stamped all the same.
+    request = InferenceRequest(
+        request_id="r5", tenant_id="t", base_model="b", prompt="hi", deadline=time.time() - 1, submitted_at=100.0
+    )
+    msg = _Msg(request.model_dump_json().encode())
+    await processor.handle(msg, taken_at=123.5)
+    ((_, data),) = nc.sent
+    result = InferenceResult.model_validate_json(data)
+    assert msg.acked and result.error.code == "deadline"
+    assert result.timings.fetched_at == 123.5 and result.timings.queue_s == pytest.approx(23.5)
