@@ -59,10 +59,15 @@ class Fleet:
     spec: FleetSpec = field(default_factory=FleetSpec)
     gateways: dict[str, tuple[subprocess.Popen, str]] = field(default_factory=dict)  # id -> (process, url)
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # Where each process's current run starts in its log: a restarted process appends to the same log,
+    # and its earlier run's ready line must not count as this run's.
+    _log_starts: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def _spawn(self, module: str, env: dict, log_name: str) -> subprocess.Popen:
         self.state.mkdir(parents=True, exist_ok=True)
-        log = open(self.state / f"{log_name}.log", "ab")
+        path = self.state / f"{log_name}.log"
+        self._log_starts[log_name] = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")
         full = {**os.environ, "LPX_ENV_FILE": str(self.env_file), **env}
         return subprocess.Popen(
             [sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -153,10 +158,19 @@ class Fleet:
         """A worker prints its ready line once it consumes, reports its load and listens to the pool's
         (services/worker/__main__.py): a test without gateways has nothing else to wait on."""
         for worker_id, proc in self.workers.items():
-            while proc.poll() is None and f"worker {worker_id} ready" not in self.log_tail(worker_id, 200):
+            while proc.poll() is None and f"worker {worker_id} ready" not in self.this_run_log(worker_id):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"worker {worker_id} never started: {self.log_tail(worker_id)}")
                 await asyncio.sleep(0.25)
+
+    def this_run_log(self, name: str) -> str:
+        """What the process's current run wrote to its log."""
+        path = self.state / f"{name}.log"
+        if not path.exists():
+            return ""
+        with open(path, "rb") as log:
+            log.seek(self._log_starts.get(name, 0))
+            return log.read().decode(errors="replace")
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.state / f"{name}.log"
