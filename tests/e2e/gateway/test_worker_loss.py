@@ -60,7 +60,9 @@ async def test_sigkill_one_worker_every_request_completes_once(
                     "/v1/chat/completions",
                     json={
                         "model": models[i % 2],
-                        "max_tokens": 32,
+                        # Long enough to be mid-generation at the kill on an idle machine too (with 32
+                        # tokens the killed worker had answered everything before it died: nothing stranded).
+                        "max_tokens": 96,
                         "messages": [{"role": "user", "content": f"Question number {i}: where is my order?"}],
                     },
                 )
@@ -71,7 +73,7 @@ async def test_sigkill_one_worker_every_request_completes_once(
             while gw.dispatcher.loads.get("gw-kill", 0) < 1 and loop.time() < deadline:
                 await asyncio.sleep(0.1)
             assert gw.dispatcher.loads.get("gw-kill", 0) >= 1, "nothing was routed to the worker to be killed"
-            await asyncio.sleep(1.5)  # let it start generating
+            await asyncio.sleep(0.5)  # let it start generating
             stranded = gw.dispatcher.loads.get("gw-kill", 0)
             os.killpg(proc.pid, signal.SIGKILL)
             replies = await asyncio.gather(*calls)
