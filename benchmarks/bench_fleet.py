@@ -153,7 +153,7 @@ def assignment_loads(samples: list[Sample], workers: int, c: float, *, at_worker
         if s.result.ok and t.fetched_at and t.result_sent_at:
             spans[s.result.worker_id].append((assigned(t), t.result_sent_at))
     every = [(a, d) for lst in spans.values() for a, d in lst]
-    ratios, violations, assignments = [], 0, 0
+    ratios, violations, assignments = [], [], 0
     for s in samples:
         t = s.result.timings
         if not (s.measured and s.result.ok and t.fetched_at):
@@ -162,14 +162,31 @@ def assignment_loads(samples: list[Sample], workers: int, c: float, *, at_worker
         mine = sum(1 for a, d in spans[s.result.worker_id] if a < at < d)
         total = sum(1 for a, d in every if a < at < d)
         after = mine + 1
-        violations += after > load_bound(total, workers, c)
+        if after > load_bound(total, workers, c):
+            violations.append(_violation(s.result.worker_id, at, after, total, workers, c, spans))
         ratios.append(after * workers / (total + 1))
         assignments += 1
     return {
         "assignments": assignments,
-        "bound_violations": violations,
+        "bound_violations": len(violations),
+        "bound_violation_details": violations,
         "assigned_load_ratio_max": max(ratios, default=0.0),
         "assigned_load_ratio_p99": _pct(ratios, 99),
+    }
+
+
+def _violation(worker: str, at: float, after: int, total: int, workers: int, c: float, spans: dict) -> dict:
+    """One assignment over the bound, with what explains it: how long before it another worker's request
+    ended (the chooser counts that worker's load as last reported) and the bound one request earlier."""
+    others_ended = [d for w, lst in spans.items() if w != worker for _, d in lst if d <= at]
+    return {
+        "worker": worker,
+        "at": at,
+        "load_after": after,
+        "pool_in_flight": total,
+        "bound": load_bound(total, workers, c),
+        "bound_one_more_in_flight": load_bound(total + 1, workers, c),
+        "ms_since_another_worker_answered": round((at - max(others_ended)) * 1000, 1) if others_ended else None,
     }
 
 
@@ -200,7 +217,14 @@ def summarise(samples: list[Sample], workers: int, c: float) -> dict:
         "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
         "latency_p99_s": _pct(latencies, 99),
         **assignment_loads(samples, workers, c),
-        "bound_violations_at_worker": assignment_loads(samples, workers, c, at_worker=True)["bound_violations"],
+        **_at_worker(assignment_loads(samples, workers, c, at_worker=True)),
+    }
+
+
+def _at_worker(loads: dict) -> dict:
+    return {
+        "bound_violations_at_worker": loads["bound_violations"],
+        "bound_violation_details_at_worker": loads["bound_violation_details"],
     }
 
 
@@ -423,6 +447,12 @@ def render(report: dict, out: Path) -> None:
     for policy, m in report["measured"].items():
         for reason, count in m.get("error_reasons", {}).items():
             console.print(f"{policy}: {count} answered with an error: {reason}")
+        for v in m.get("bound_violation_details_at_worker", []):
+            console.print(
+                f"{policy}: {v['worker']} took a request over the bound ({v['load_after']} > {v['bound']}, "
+                f"{v['pool_in_flight']} in flight); another worker answered {v['ms_since_another_worker_answered']} ms "
+                f"before (bound with one more in flight: {v['bound_one_more_in_flight']})"
+            )
     f = report["faults"]
     if f:
         console.print(
