@@ -177,7 +177,7 @@ def assignment_loads(samples: list[Sample], workers: int, c: float, *, at_worker
 
 def _violation(worker: str, at: float, after: int, total: int, workers: int, c: float, spans: dict) -> dict:
     """One assignment over the bound, with what explains it: how long before it another worker's request
-    ended (the chooser counts that worker's load as last reported) and the bound one request earlier."""
+    ended (the taker counts that worker's load as last reported) and the bound had one more been in flight."""
     others_ended = [d for w, lst in spans.items() if w != worker for _, d in lst if d <= at]
     return {
         "worker": worker,
