@@ -124,6 +124,7 @@ class Timings(BaseModel):
     first_token_at: float | None = None
     last_token_at: float | None = None
     result_sent_at: float | None = None  # the result was about to be published
+    load_left_at: float | None = None  # the worker's load report leaving it out (just before result_sent_at)
 
 
 class ErrorInfo(BaseModel):

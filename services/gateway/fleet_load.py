@@ -46,8 +46,8 @@ class FleetLoad:
 
     def answered(self, worker: str, at: float | None = None) -> None:
         """One of this gateway's requests on `worker` ended. `at`: when the worker stopped counting it (the
-        result's `result_sent_at`, the worker's clock, stamped before the WorkerLoad that left it out), so
-        a report sent after it is never lowered by it a second time; none: now."""
+        result's `load_left_at`, the time of the WorkerLoad that left it out, on the worker's clock), so
+        that report and later ones are never lowered by it a second time; none: now."""
         self._record(worker, -1, at)
 
     def _record(self, worker: str, delta: int, at: float | None = None) -> None:

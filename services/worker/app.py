@@ -35,6 +35,9 @@ from services.worker.settings import WorkerSettings
 from services.worker.tiers import AdapterTiers
 
 log = logging.getLogger(__name__)
+# How long a leaving request's load report waits for the broker's word that it has it (a round trip on a
+# healthy link): past it the result goes out anyway, and the report follows when the link allows.
+REPORT_FLUSH_S = 0.5
 
 
 class Worker:
@@ -81,6 +84,7 @@ class Worker:
         self.queue_depth = 0
         self.own_pending = 0  # routed to this worker and not yet taken (for the gateways' load view)
         self.answering = 0  # results stamped, being published and acknowledged (out of `in_flight`)
+        self.leaving = 0  # results about to be stamped, already left out of the load reports
         self.handed_off = 0
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -93,6 +97,11 @@ class Worker:
         """Taken and not yet answered: a stamped result (`result_sent_at`) being published no longer
         counts, as the gateways stop counting it at that stamp."""
         return self.capacity.used - self.answering
+
+    @property
+    def reported_in_flight(self) -> int:
+        """What the pool is told: results about to be stamped are already left out (see `_handle`)."""
+        return self.in_flight - self.leaving
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,14 +207,18 @@ class Worker:
             after_failure=self._recreate_consumers,
         )
 
-    async def report_load(self) -> None:
+    async def report_load(self, flush: bool = False) -> float:
         """Tell the gateways and the pool's workers this worker's in-flight count now (core NATS, fire and
-        forget): on every change, and with every heartbeat (the workers' load bound counts live workers)."""
-        load = WorkerLoad(worker_id=self.worker_id, pool=self.settings.pool, in_flight=self.in_flight)
+        forget): on every change, and with every heartbeat (the workers' load bound counts live workers).
+        `flush`: return only once the broker has it. Returns the report's time."""
+        load = WorkerLoad(worker_id=self.worker_id, pool=self.settings.pool, in_flight=self.reported_in_flight)
         with contextlib.suppress(Exception):  # best effort: the heartbeat carries it too
             await self.nc.publish(
                 subjects.worker_load(self.settings.pool, self.worker_id), load.model_dump_json().encode()
             )
+            if flush:
+                await self.nc.flush(timeout=REPORT_FLUSH_S)
+        return load.ts
 
     async def _recreate_consumers(self) -> None:
         """Connected but a fetch failed: the consumer may be gone (a gateway retired it while this worker
@@ -221,18 +234,29 @@ class Worker:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, msg, taken_at: float | None = None) -> None:
+        """One request. Its end is told to the pool before its result is stamped, and the worker's own
+        count drops at the stamp: every other worker's view of this load then falls before the fleet's
+        true load does (a view above the truth would raise its bound over the true one), and the gateways
+        stop counting it as of that report (`load_left_at`)."""
         self.metrics.in_flight.add(1)
-        answered = False
+        announced = answered = False
+
+        async def leaving() -> float:
+            nonlocal announced
+            if not announced:
+                announced = True
+                self.leaving += 1
+            return await self.report_load(flush=True)
 
         async def answering() -> None:
             nonlocal answered
             if not answered:
                 answered = True
                 self.answering += 1
-                await self.report_load()
+                self.leaving -= announced  # the reported count is unchanged: nothing to report
 
         try:
-            await self.processor.handle(msg, on_result=answering, taken_at=taken_at)
+            await self.processor.handle(msg, on_result=answering, taken_at=taken_at, on_leaving=leaving)
         except Exception as exc:
             if is_transient(exc):  # the broker is away: expected, no traceback
                 log.warning(
@@ -243,6 +267,7 @@ class Worker:
             else:
                 log.exception("request handling failed; leaving it for redelivery", extra={"subject": msg.subject})
         finally:
+            self.leaving -= announced and not answered
             self.answering -= answered
             self.metrics.in_flight.add(-1)
             await self.capacity.give_back(1)

@@ -92,11 +92,16 @@ class RequestProcessor:
         self.generated_tokens = 0
 
     async def handle(
-        self, msg: Msg, on_result: Callable[[], Awaitable[None]] | None = None, taken_at: float | None = None
+        self,
+        msg: Msg,
+        on_result: Callable[[], Awaitable[None]] | None = None,
+        taken_at: float | None = None,
+        on_leaving: Callable[[], Awaitable[float | None]] | None = None,
     ) -> None:
-        """One message, start to acknowledgement. `on_result`: awaited once the result is stamped and
-        about to be published (the worker stops counting the request in its load then). `taken_at`: when
-        the worker kept it (its load bound checked then), else now: the request's `fetched_at`."""
+        """One message, start to acknowledgement. `on_leaving`: awaited before the result is stamped, to
+        tell the pool the request is leaving (returns that report's time); `on_result`: awaited once it is
+        stamped and about to be published (the worker stops counting it in its own load then). `taken_at`:
+        when the worker kept it (its load bound checked then), else now: the request's `fetched_at`."""
         fetched_at = taken_at or time.time()
         try:
             request = InferenceRequest.model_validate_json(msg.data)
@@ -125,7 +130,11 @@ class RequestProcessor:
                 return
             result = result.model_copy(update=_caller_of(request))
             await self._publish_result(
-                result, request.reply_to, give_up_at=_publish_deadline(request), on_stamped=on_result
+                result,
+                request.reply_to,
+                give_up_at=_publish_deadline(request),
+                on_stamped=on_result,
+                on_leaving=on_leaving,
             )
             await msg.ack()
             self.answered.add(rid)
@@ -266,13 +275,17 @@ class RequestProcessor:
         reply_to: str | None,
         give_up_at: float | None = None,
         on_stamped: Callable[[], Awaitable[None]] | None = None,
+        on_leaving: Callable[[], Awaitable[float | None]] | None = None,
     ) -> None:
         # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
         # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
         # unacknowledged: JetStream redelivers it and the result is published again then.
-        stamped = result.timings.model_copy(update={"result_sent_at": time.time()})
+        # The pool hears that the request leaves before the stamp the fleet's load is counted by: no other
+        # worker then counts it after its stamp (that would raise its bound over the true one).
+        left_at = await on_leaving() if on_leaving is not None else None
+        stamped = result.timings.model_copy(update={"result_sent_at": time.time(), "load_left_at": left_at})
         result = result.model_copy(update={"timings": stamped})
-        if on_stamped is not None:  # after the stamp: the load report it sends is never older than it
+        if on_stamped is not None:  # the worker's own count drops with the stamp
             await on_stamped()
         subject = subjects.result_subject(result.request_id, reply_to)
         data = result.model_dump_json().encode()

@@ -176,7 +176,7 @@ class Delivery:
         self.metrics.tokens.add(result.completion_tokens, {**tenant, "kind": "completion"})
         if result.ok:
             self.admission.observe(job.pool, result.timings.total_s)
-        self._release(job, result.timings.result_sent_at or None)
+        self._release(job, result.timings.load_left_at or result.timings.result_sent_at or None)
         job.future.set_result(result)
         return True
 

@@ -85,21 +85,28 @@ async def test_a_result_over_the_message_limit_becomes_an_error_naming_why():
     assert InferenceResult.model_validate_json(nc.sent[-1][1]).ok
 
 
-async def test_the_load_is_released_after_the_stamp_and_before_the_publish():
-    """The worker stops counting a request once its result is stamped (`result_sent_at`), before it is
-    published: its load report then is never older than the stamp the gateways stop counting it at."""
+async def test_the_pool_hears_the_request_leave_before_the_stamp_and_the_worker_stops_counting_after_it():
+    """The pool is told the request leaves (`on_leaving`, its report's time in `load_left_at`) before its
+    result is stamped; the worker's own count drops (`on_stamped`) after the stamp, before the publish.
+    No other worker then counts it past the stamp, and the gateways stop counting it as of that report."""
     nc = _Recorder()
-    seen: list[tuple[float, int]] = []
+    seen: list[tuple[str, float, int]] = []
+
+    async def leaving() -> float:
+        seen.append(("leaving", time.time(), len(nc.sent)))
+        return seen[-1][1]
 
     async def released() -> None:
-        seen.append((time.time(), len(nc.sent)))
+        seen.append(("stamped", time.time(), len(nc.sent)))
 
     result = InferenceResult(request_id="r5", worker_id="w1", ok=True, text="x", tenant="t")
-    await _processor(nc)._publish_result(result, None, on_stamped=released)
+    await _processor(nc)._publish_result(result, None, on_stamped=released, on_leaving=leaving)
     ((_, data),) = nc.sent
-    ((released_at, published_before),) = seen
-    assert published_before == 0
-    assert InferenceResult.model_validate_json(data).timings.result_sent_at <= released_at
+    ((first, left_at, before_leaving), (then, released_at, before_stamped)) = seen
+    assert (first, then) == ("leaving", "stamped")
+    assert before_leaving == before_stamped == 0
+    timings = InferenceResult.model_validate_json(data).timings
+    assert timings.load_left_at == left_at <= timings.result_sent_at <= released_at
 
 
 class _Msg:
