@@ -14,7 +14,8 @@ Three mixes, each run by every peer start: one adapter; a working set within max
 a working set 3x max_loras (6 adapters) with the base model mixed in. Every request streamed, greedy.
 Printed: per mix and peer, loraplex/peer ratios (throughput, p50, p95, TTFT p50) as the median over
 rounds with their spread (min-max) and a verdict (a spread that straddles 1.0 is a tie); whether outputs
-are identical text for text; where loraplex's time goes, stage by stage. JSON and a plot in --out, and
+are identical text for text; where loraplex's time goes, stage by stage; CPU seconds per 1k tokens by
+kind of process (engine, front, gateway, broker, the benchmark's client). JSON and a plot in --out, and
 the summary appended to benchmarks/RESULTS.md (with commit, machine and command).
 """
 
@@ -37,6 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx
 
+from benchmarks import cpu_account
 from benchmarks.bench_gateway import free_port, wait_ready
 from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
 from benchmarks.results_log import commit
@@ -268,7 +270,9 @@ class Bench:
             await run(url, key, MIXES["3x max_loras (6) + base"], 7, self.args)
             for mix_name, mix in mixes.items():
                 before = await scrape_stages(self.metrics_port) if peer == LORAPLEX else {}
+                cpu_before = cpu_account.snapshot()
                 runs[mix_name] = await run(url, key, mix, self.args.requests, self.args)
+                runs[mix_name]["cpu_s"] = cpu_account.spent(cpu_before, cpu_account.snapshot())
                 if peer == LORAPLEX:
                     runs[mix_name]["stages_ms"] = stage_means(before, await scrape_stages(self.metrics_port))
         finally:

@@ -154,6 +154,36 @@ def stages_markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def cpu_markdown(rep: dict) -> str:
+    """CPU seconds per 1k generated tokens by kind of process (benchmarks/cpu_account.py), mean of rounds:
+    on a machine whose cores the engine shares, what the front of each peer takes from the engine."""
+    mixes = list(rep["stages_ms"])
+    per = {
+        (peer, kind): [
+            statistics.mean(
+                turn[peer][m]["cpu_s"].get(kind, 0.0) * 1000 / max(turn[peer][m]["tokens"], 1) for turn in rep["rounds"]
+            )
+            for m in mixes
+        ]
+        for peer in rep["peers"]
+        for kind in sorted({k for turn in rep["rounds"] for m in mixes for k in turn[peer][m].get("cpu_s", {})})
+    }
+    if not per:
+        return ""
+    lines = [
+        "CPU seconds per 1k tokens by process (every process on the machine during the run), mean of rounds:",
+        "",
+        "| peer | process | " + " | ".join(mixes) + " |",
+        "|---" * (len(mixes) + 2) + "|",
+    ]
+    for peer in rep["peers"]:
+        rows = [(kind, values) for (p, kind), values in per.items() if p == peer and max(values) >= 0.05]
+        total = [sum(values[i] for (p, _), values in per.items() if p == peer) for i in range(len(mixes))]
+        lines += [f"| {peer} | {kind} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for kind, values in rows]
+        lines.append(f"| {peer} | **all** | " + " | ".join(f"**{v:.2f}**" for v in total) + " |")
+    return "\n".join(lines)
+
+
 def runs_markdown(rep: dict) -> str:
     lines = ["| round | peer | mix | tok/s | p50 | p95 | TTFT p50 |", "|---|---|---|---|---|---|---|"]
     for i, turn in enumerate(rep["rounds"], 1):
@@ -181,6 +211,7 @@ def render(rep: dict, out: Path, *, record: bool) -> None:
             head,
             *(ratio_markdown(rep, p) for p in rep["comparisons"]),
             stages_markdown(rep),
+            cpu_markdown(rep),
             "Every run:",
             runs_markdown(rep),
         ]
