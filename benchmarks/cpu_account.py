@@ -15,9 +15,11 @@ import psutil
 # (kind, what its name or command line contains), first match wins.
 KINDS = (
     ("engine", "EngineCore"),
+    ("model runner", "VLLM::Worker"),  # vLLM's executor process, where the model's forward passes run
+    ("vllm server", "APIServer"),
+    ("vllm server", "vllm.entrypoints"),
     ("worker", "services.worker"),
     ("gateway", "services.gateway"),
-    ("vllm server", "vllm"),
     ("nats", "nats-server"),
     ("postgres", "postgres"),
     ("s3", "weed"),
@@ -28,7 +30,7 @@ def kind_of(name: str, cmdline: str, pid: int, me: int) -> str:
     if pid == me:
         return "bench client"
     text = f"{name} {cmdline}"
-    return next((kind for kind, marker in KINDS if marker in text), "other")
+    return next((kind for kind, marker in KINDS if marker in text), f"other: {name or '?'}")
 
 
 def snapshot() -> dict[int, tuple[str, float]]:
@@ -40,6 +42,8 @@ def snapshot() -> dict[int, tuple[str, float]]:
         if times is None:
             continue
         cmdline = " ".join(info.get("cmdline") or ())
+        if not cmdline:  # a kernel thread (kworker...): renamed as it works, and not a peer's
+            continue
         out[proc.pid] = (kind_of(info.get("name") or "", cmdline, proc.pid, me), times.user + times.system)
     return out
 
