@@ -28,6 +28,7 @@ class VllmEngine:
         self._tokenizer = None
         self._lora_digests: dict[int, str] = {}  # lora id -> digest: one id never means two adapters
         self._exclusive = _ExclusiveGate()  # scoring runs alone in the engine (see score())
+        self._loras = _LoraResidency()
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -110,7 +111,7 @@ class VllmEngine:
         if request.adapter is not None:
             lora = self._lora_request(request.adapter, LoRARequest)
         completion_tokens, started = 0, False
-        async with self._exclusive.shared():
+        async with self._exclusive.shared(), self._loras.changing():
             stream = self._engine.generate(
                 self.render_prompt(request),
                 params,
@@ -189,7 +190,7 @@ class VllmEngine:
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         lora = self._lora_request(request.adapter, LoRARequest) if request.adapter is not None else None
         final = None
-        async with self._exclusive.exclusive():
+        async with self._exclusive.exclusive(), self._loras.changing():
             async for out in self._engine.generate(
                 {"prompt_token_ids": ids}, params, request.request_id, lora_request=lora
             ):
@@ -201,20 +202,54 @@ class VllmEngine:
         """Load an adapter into the engine's host-RAM LoRA cache ahead of the requests that need it."""
         from vllm.lora.request import LoRARequest
 
-        if not await self._engine.add_lora(self._lora_request(adapter, LoRARequest)):
-            raise RuntimeError(f"vLLM refused to load adapter {adapter.digest[:12]}")
+        async with self._loras.changing():
+            if not await self._engine.add_lora(self._lora_request(adapter, LoRARequest)):
+                raise RuntimeError(f"vLLM refused to load adapter {adapter.digest[:12]}")
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
             await self._engine.abort(request_id)
 
     async def loaded_adapters(self) -> set[int]:
-        return set(await self._engine.list_loras()) if self._engine is not None else set()
+        if self._engine is None:
+            return set()
+        return await self._loras.read(self._engine.list_loras)
 
     async def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+class _LoraResidency:
+    """The engine's loaded adapters, asked of the engine only when they may have changed.
+
+    Asking is an RPC to vLLM's model-runner process, and each one it answers sets that process spinning
+    on its message queue for a second (vLLM's shared-memory queue busy-waits `busy_loop_s` = 1 s after
+    every read). The heartbeat asked every 2 s, so an idle worker burned half a core. The engine's
+    adapters change only while it generates, scores or loads one, all through this class's
+    `changing()`: outside of them the last answer stands."""
+
+    def __init__(self) -> None:
+        self._known: set[int] | None = None
+        self._active = 0
+        self._stale = True
+
+    @contextlib.asynccontextmanager
+    async def changing(self):
+        self._active += 1
+        self._stale = True
+        try:
+            yield
+        finally:
+            self._active -= 1
+            self._stale = True  # what happened meanwhile is read by the next ask
+
+    async def read(self, ask) -> set[int]:
+        if self._known is None or self._stale or self._active:
+            self._stale = False
+            self._known = set(await ask())
+        return set(self._known)
 
 
 def _structured_outputs(structured: dict | None):
