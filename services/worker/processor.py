@@ -2,8 +2,8 @@
 
 Order of things (each a guarantee): parse or dead-letter; skip what was already answered (request
 ids make redelivery idempotent); fail closed on anything wrong with the adapter; generate; publish
-tokens and the final result; only then ack. A request that names an adapter is never generated
-without it.
+tokens and the final result (results.py); only then ack. A request that names an adapter is never
+generated without it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from libs.bus.consumer import kept_in_progress
 from libs.bus.dead_letters import dead_letter
 from libs.bus.recent_ids import RecentIds
-from libs.bus.retry import last_message, publish_retrying
+from libs.bus.retry import last_message
 from libs.contracts import (
     AdapterTier,
     ErrorInfo,
@@ -40,16 +40,11 @@ from services.worker.admission import AdapterAdmission
 from services.worker.batch_share import BatchShare, HandedBack
 from services.worker.engine_admission import EngineAdmission, Ticket
 from services.worker.metrics import WorkerMetrics
+from services.worker.results import ResultPublisher, publish_deadline
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("loraplex.worker")
-# A result is retried at least this long while the broker is away, and until the request's deadline.
-RESULT_RETRY_S = 60.0
-
-
-def _publish_deadline(request: InferenceRequest) -> float:
-    return max(time.time() + RESULT_RETRY_S, request.deadline or 0.0)
 
 
 @dataclass
@@ -90,6 +85,7 @@ class RequestProcessor:
         self.active: set[str] = set()
         self.answered = RecentIds()
         self.generated_tokens = 0
+        self.results = ResultPublisher(worker_id, nc, js)
 
     async def handle(
         self,
@@ -129,10 +125,10 @@ class RequestProcessor:
                 await msg.nak()  # unstarted: redelivered (the draining worker hands its own queue to the pool)
                 return
             result = result.model_copy(update=_caller_of(request))
-            await self._publish_result(
+            await self.results.publish(
                 result,
                 request.reply_to,
-                give_up_at=_publish_deadline(request),
+                give_up_at=publish_deadline(request),
                 on_stamped=on_result,
                 on_leaving=on_leaving,
             )
@@ -269,53 +265,6 @@ class RequestProcessor:
             timings=Timings(**timings),
         )
 
-    async def _publish_result(
-        self,
-        result: InferenceResult,
-        reply_to: str | None,
-        give_up_at: float | None = None,
-        on_stamped: Callable[[], Awaitable[None]] | None = None,
-        on_leaving: Callable[[], Awaitable[float | None]] | None = None,
-    ) -> None:
-        # Nats-Msg-Id: a result re-published after a crash between publish and ack, or retried while the
-        # broker is away, is stored once. Past `give_up_at` the error propagates and the request stays
-        # unacknowledged: JetStream redelivers it and the result is published again then.
-        # The pool hears that the request leaves before the stamp the fleet's load is counted by: no other
-        # worker then counts it after its stamp (that would raise its bound over the true one).
-        left_at = await on_leaving() if on_leaving is not None else None
-        stamped = result.timings.model_copy(update={"result_sent_at": time.time(), "load_left_at": left_at})
-        result = result.model_copy(update={"timings": stamped})
-        if on_stamped is not None:  # the worker's own count drops with the stamp
-            await on_stamped()
-        subject = subjects.result_subject(result.request_id, reply_to)
-        data = result.model_dump_json().encode()
-        if len(data) > _max_payload(self.nc):  # never retried for ever: the caller gets the reason instead
-            data = self._too_large(result, len(data)).model_dump_json().encode()
-        await publish_retrying(
-            self.js,
-            subject,
-            data,
-            headers=inject_headers({"Nats-Msg-Id": f"result-{result.request_id}"}),
-            give_up_at=give_up_at or time.time() + RESULT_RETRY_S,
-        )
-
-    def _too_large(self, result: InferenceResult, size: int) -> InferenceResult:
-        log.warning("result over the broker's message limit", extra={"request_id": result.request_id, "bytes": size})
-        reason = (
-            f"the answer ({size} bytes with its logprobs) is over the broker's message limit; ask for "
-            "fewer tokens or fewer logprob alternatives"
-        )
-        return InferenceResult(
-            request_id=result.request_id,
-            worker_id=self.worker_id,
-            ok=False,
-            error=ErrorInfo(code="result_too_large", message=reason),
-            timings=result.timings,
-            tenant=result.tenant,
-            adapter_digest=result.adapter_digest,
-            base_model=result.base_model,
-        )
-
     async def _already_answered(self, request: InferenceRequest) -> bool:
         subject = subjects.result_lookup(request.request_id, request.reply_to)
         return await last_message(self.js, subjects.RESULTS_STREAM, subject) is not None
@@ -329,14 +278,8 @@ class RequestProcessor:
             error = InferenceResult(
                 request_id=rid, worker_id=self.worker_id, ok=False, error=ErrorInfo(code="bad_request", message=reason)
             )
-            await self._publish_result(error, reply_to_of(msg.data))
+            await self.results.publish(error, reply_to_of(msg.data))
         await msg.ack()  # the dead-letter stream holds it now; nothing is lost
-
-
-def _max_payload(nc) -> int:
-    """The broker's message limit as the connection learnt it (1 MiB when unknown), less room for headers."""
-    limit = getattr(nc, "max_payload", 0) or 1024 * 1024
-    return limit - 4096
 
 
 def _engine_structured(structured) -> dict | None:

@@ -74,14 +74,14 @@ async def test_a_result_over_the_message_limit_becomes_an_error_naming_why():
     big = InferenceResult(
         request_id="r4", worker_id="w1", ok=True, text="abc" * 100, logprobs=[token] * 100, tenant="t"
     )
-    await _processor(nc)._publish_result(big, None)
+    await _processor(nc).results.publish(big, None)
     ((subject, data),) = nc.sent
     sent = InferenceResult.model_validate_json(data)
     assert not sent.ok and sent.error.code == "result_too_large" and "fewer logprob alternatives" in sent.error.message
     assert sent.tenant == "t" and subject.endswith("r4")
 
     small = InferenceResult(request_id="r5", worker_id="w1", ok=True, text="ok", logprobs=[token])
-    await _processor(nc)._publish_result(small, None)
+    await _processor(nc).results.publish(small, None)
     assert InferenceResult.model_validate_json(nc.sent[-1][1]).ok
 
 
@@ -100,7 +100,7 @@ async def test_the_pool_hears_the_request_leave_before_the_stamp_and_the_worker_
         seen.append(("stamped", time.time(), len(nc.sent)))
 
     result = InferenceResult(request_id="r5", worker_id="w1", ok=True, text="x", tenant="t")
-    await _processor(nc)._publish_result(result, None, on_stamped=released, on_leaving=leaving)
+    await _processor(nc).results.publish(result, None, on_stamped=released, on_leaving=leaving)
     ((_, data),) = nc.sent
     ((first, left_at, before_leaving), (then, released_at, before_stamped)) = seen
     assert (first, then) == ("leaving", "stamped")
