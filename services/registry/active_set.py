@@ -68,6 +68,9 @@ class ActiveSetPublisher:
 
     async def run(self) -> None:
         while True:
+            # Cleared before the database is read, not after: a commit while this round reads or writes
+            # wakes the next round at once instead of waiting `every_s` (a CI run's activation waited 30 s).
+            self._wake.clear()
             try:
                 put, deleted = await self.sync_once()
                 if put or deleted:
@@ -78,7 +81,6 @@ class ActiveSetPublisher:
             except Exception as exc:
                 self._written = None  # read the bucket again: a restarted broker may have lost writes
                 self.state.failed(exc)
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.every_s)
             except TimeoutError:

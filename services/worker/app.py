@@ -95,7 +95,7 @@ class Worker:
     @property
     def in_flight(self) -> int:
         """Taken and not yet answered: a stamped result (`result_sent_at`) being published no longer
-        counts, as the gateways stop counting it at that stamp."""
+        counts (the pool was told just before the stamp: `reported_in_flight`)."""
         return self.capacity.used - self.answering
 
     @property
