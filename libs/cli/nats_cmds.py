@@ -27,6 +27,14 @@ def nats_config() -> None:
     typer.echo(server_config.render(), nl=False)
 
 
+def env_password(random_part: str) -> str:
+    """A password nats-server can read from a `$VAR` reference. It parses the value as a config token:
+    one that starts with `-`, or with digits then `-` or `.`, reads as a number or date and stops the
+    server ("Expected a digit but got ..."). A compose-check failed on a token_urlsafe password starting
+    with `-`. These start with letters and hold only hex digits after."""
+    return "lpx" + random_part
+
+
 @nats_app.command("secrets")
 def nats_secrets() -> None:
     """Print fresh credentials as env lines (a compose `.env`, or the data of a Kubernetes Secret): a
@@ -38,7 +46,7 @@ def nats_secrets() -> None:
     from libs.natsauth.jwt import new_account_seed, public_key
 
     for role in permissions.ROLES:
-        typer.echo(f"{role.env_var}={secrets.token_urlsafe(24)}")
+        typer.echo(f"{role.env_var}={env_password(secrets.token_hex(24))}")
     seed = new_account_seed()
     typer.echo(f"LPX_REGISTRY_NATS_CALLOUT_SEED={seed}")
     typer.echo(f"LPX_NATS_CALLOUT_ISSUER={public_key(seed)}")
