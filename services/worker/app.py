@@ -246,7 +246,8 @@ class Worker:
             if not announced:
                 announced = True
                 self.leaving += 1
-            return await self.report_load(flush=True)
+            # Flushed only for the workers' own bound: the gateways need the report's time, not its arrival.
+            return await self.report_load(flush=self.bound is not None)
 
         async def answering() -> None:
             nonlocal answered

@@ -46,6 +46,7 @@ def _worker() -> tuple[Worker, _Link, _Processor]:
     link = _Link()
     counter = SimpleNamespace(add=lambda *_: None)
     worker.worker_id, worker.settings, worker.nc = "w1", SimpleNamespace(pool="p"), link
+    worker.bound = object()  # the workers' load bound on (the default)
     worker.metrics = SimpleNamespace(in_flight=counter)
     worker.capacity, worker.answering, worker.leaving, worker._token_window = Capacity(4), 0, 0, []
     worker.processor = _Processor(worker, link)
@@ -74,3 +75,11 @@ async def test_a_request_failing_after_the_report_is_counted_back_out_once():
     await asyncio.wait_for(worker._handle(SimpleNamespace(subject="s")), 5)
     assert worker.leaving == worker.answering == worker.in_flight == 0
     assert link.events[-1] == ("report", 0)
+
+
+async def test_without_the_workers_bound_the_report_is_not_flushed():
+    worker, link, _ = _worker()
+    worker.bound = None  # LPX_WORKER_LOAD_BOUND=false: no other worker reads the report to take work
+    worker.capacity.take(1)
+    await worker._handle(SimpleNamespace(subject="s"))
+    assert link.events[:2] == [("report", 0), ("stamp", None)]
