@@ -108,6 +108,16 @@ class TokenDelta(Message):
     logprobs: list[TokenLogprob] | None = None  # the delta's tokens, when the request asked for logprobs
 
 
+class TokenBatch(Message):
+    """The token deltas one worker produced in one engine step for one gateway's requests, sent as one
+    message on `subjects.token_batch_to(gateway, worker)` instead of one message per request and token:
+    the broker and the gateway handle a message per step, not per token. Deltas of one request keep
+    their order (one worker, one connection, one subject)."""
+
+    worker_id: str
+    deltas: list[TokenDelta]
+
+
 class Timings(BaseModel):
     """Where a request's time went on the worker: durations, and the stage timeline as unix seconds
     (the gateway lines these up with its own stamps; stages across hosts carry their clock skew)."""

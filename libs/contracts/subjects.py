@@ -203,6 +203,21 @@ def tokens_to_filter(gateway: str) -> str:
     return f"{PREFIX}.tokens.gw.{token(gateway)}.>"
 
 
+# One worker's token deltas of one engine step for one gateway (TokenBatch). Six tokens where a request's
+# own subject has five, so it can never be mistaken for a request id (ids hold no '.'); under the
+# gateway's `tokens_to_filter`, so no permission changes.
+TOKEN_BATCH_MARK = "steps"
+
+
+def token_batch_to(gateway: str, worker: str) -> str:
+    return f"{PREFIX}.tokens.gw.{token(gateway)}.{TOKEN_BATCH_MARK}.{token(worker)}"
+
+
+def is_token_batch(subject: str) -> bool:
+    parts = subject.split(".")
+    return len(parts) == 6 and parts[4] == TOKEN_BATCH_MARK
+
+
 def result_subject(request_id: str, reply_to: str | None) -> str:
     """Where the result of an inference request goes: its gateway's prefix, or the shared one."""
     return results_to(reply_to, request_id) if reply_to else results(request_id)

@@ -26,6 +26,7 @@ class GatewayMetrics:
     throttled: Counter  # tenant, limit: requests refused with 429
     overload_refusals: Counter  # pool: refused at once, the pool could not finish them in time
     fair_wait_s: Histogram  # tenant, tier: time waited for a fair share of a full pool
+    token_messages: Counter  # form: batch (one engine step of a worker) or single (one delta)
     meter: Meter | None = None
 
     @classmethod
@@ -55,6 +56,9 @@ class GatewayMetrics:
             resolve_lookups=meter.create_counter("lpx_gateway_resolve_lookups", description="resolver cache outcomes"),
             submissions=meter.create_counter("lpx_gateway_submissions", description="async submissions by outcome"),
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
+            token_messages=meter.create_counter(
+                "lpx_gateway_token_messages", description="streamed-token messages received, by form"
+            ),
             stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
             throttled=meter.create_counter("lpx_gateway_throttled", description="requests refused over a tenant limit"),
             fair_wait_s=histogram(

@@ -127,6 +127,7 @@ class Worker:
             ack_wait_s=s.ack_wait_s,
             admission=self.admission,
             batch_share=self.batch_share,
+            token_batches=s.token_batches,
         )
         self.own = await self._consumer(
             subjects.infer_worker_filter(s.pool, self.worker_id), subjects.worker_durable(s.pool, self.worker_id)

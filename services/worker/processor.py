@@ -42,6 +42,7 @@ from services.worker.engine_admission import EngineAdmission, Ticket
 from services.worker.metrics import WorkerMetrics
 from services.worker.results import ResultPublisher, publish_deadline
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
+from services.worker.token_batches import TokenBatches
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("loraplex.worker")
@@ -73,6 +74,7 @@ class RequestProcessor:
         ack_wait_s: float,
         admission: AdapterAdmission | EngineAdmission | None = None,
         batch_share: BatchShare | None = None,
+        token_batches: bool = True,
     ) -> None:
         self.worker_id = worker_id
         self.admission = admission  # None: every request goes to the engine at once, unguarded
@@ -86,6 +88,7 @@ class RequestProcessor:
         self.answered = RecentIds()
         self.generated_tokens = 0
         self.results = ResultPublisher(worker_id, nc, js)
+        self.tokens = TokenBatches(nc, worker_id, enabled=token_batches)
 
     async def handle(
         self,
@@ -247,13 +250,14 @@ class RequestProcessor:
                 out.logprobs.extend(logprobs)
             if request.stream and (chunk.text or logprobs):
                 delta = TokenDelta(request_id=request.request_id, index=index, text=chunk.text, logprobs=logprobs)
-                subject = subjects.token_subject(request.request_id, request.reply_to)
-                await self.nc.publish(subject, delta.model_dump_json().encode())
+                await self.tokens.send(delta, request.reply_to)
                 index += 1
             out.text += chunk.text
             out.completion_tokens, out.prompt_tokens = chunk.completion_tokens, chunk.prompt_tokens
             out.finish_reason = chunk.finish_reason or out.finish_reason
         out.last_token_at = time.time()
+        if request.stream:
+            await self.tokens.drain()  # the gateway gets the last tokens before the result
         return out
 
     def _error(self, request: InferenceRequest, code: str, message: str, timings: dict) -> InferenceResult:

@@ -44,6 +44,10 @@ class WorkerSettings(ServiceSettings):
     cpu_kvcache_gib: int = 1
     # Requests generated concurrently (what the worker pulls from JetStream at most).
     capacity: int = 16
+    # Streamed tokens as one message per engine step per gateway (TokenBatch) instead of one per token of
+    # each request. Off only while gateways older than TokenBatch still run (they read per-token subjects:
+    # upgrade gateways before workers).
+    token_batches: bool = True
     # How requests reach the engine. "engine" (default): at once, vLLM's scheduler queues them for its
     # max_loras slots, and a guard holds newcomers of other adapters once an adapter request has waited
     # `max_adapter_wait_s` for a slot (no starvation). "grouped": held in the worker and handed over

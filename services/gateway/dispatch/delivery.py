@@ -1,7 +1,8 @@
 """Delivery: results and tokens back to the request that waits for them.
 
 Workers publish each InferenceResult to `subjects.results(rid)` (this gateway's own subjects when it
-has a gateway id) and stream tokens to `subjects.tokens(rid)`. The first result per request id wins;
+has a gateway id) and stream tokens to `subjects.tokens(rid)`, or one engine step's tokens of all this
+gateway's requests as one TokenBatch. The first result per request id wins;
 later ones (after a re-route) are dropped and counted. A result whose applied digest differs from the
 resolved one is an error to the caller and a counted alert, never a silent success. Results stored in
 the RESULTS stream while a live delivery was missed (a broker outage) are looked up: at once when the
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from libs.bus.recent_ids import RecentIds
 from libs.bus.state import ConnectionState
-from libs.contracts import InferenceResult, TokenDelta, WorkerLoad, subjects
+from libs.contracts import InferenceResult, TokenBatch, TokenDelta, WorkerLoad, subjects
 from services.gateway import errors
 from services.gateway.dispatch.admission import Admission
 from services.gateway.dispatch.job import Job
@@ -189,14 +190,26 @@ class Delivery:
         self.admission.released()  # another gateway's request finished there: room for the next in turn
 
     async def on_token(self, msg) -> None:
-        rid = msg.subject.rsplit(".", 1)[-1]
+        """A request's token delta on its own subject, or one engine step's deltas of a worker (TokenBatch)."""
+        try:
+            if subjects.is_token_batch(msg.subject):
+                batch = TokenBatch.model_validate_json(msg.data)
+                self.metrics.token_messages.add(1, {"form": "batch"})
+                for delta in batch.deltas:
+                    self._deliver_token(delta.request_id, delta)
+                return
+            delta = TokenDelta.model_validate_json(msg.data)
+        except ValidationError:  # tokens are best effort: the final result carries the whole text
+            log.warning("ignoring unreadable token deltas on %s", msg.subject)
+            return
+        self.metrics.token_messages.add(1, {"form": "single"})
+        self._deliver_token(msg.subject.rsplit(".", 1)[-1], delta)
+
+    def _deliver_token(self, rid: str, delta: TokenDelta) -> None:
         job = self.ledger.jobs.get(rid)
         if job is None or job.deltas is None or job.rerouted:
             return  # after a re-route, the rest of the text comes with the final result
-        try:
-            job.deltas.put_nowait(TokenDelta.model_validate_json(msg.data))
-        except ValidationError:
-            log.warning("ignoring an unreadable token delta on %s", msg.subject)
+        job.deltas.put_nowait(delta)
 
     def abandon(self, job: Job) -> None:
         """The caller gave up (deadline or disconnect): stop tracking; a later result is dropped."""

@@ -30,19 +30,10 @@ async def events(
     assert queue is not None, "events() needs a job submitted with stream=True"
     try:
         while not job.future.done():
-            remaining = deadline - time.time()
-            if remaining <= 0:
-                abandon(job)
-                raise errors.deadline(deadline - job.request.submitted_at)
-            getter = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({getter, job.future}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                delta = getter.result()
-                if not job.rerouted:
-                    sent, sent_logprobs = sent + delta.text, sent_logprobs + len(delta.logprobs or ())
-                    yield delta
-            else:
-                getter.cancel()
+            delta = queue.get_nowait() if not queue.empty() else await _next_delta(job, deadline, abandon)
+            if delta is not None and not job.rerouted:
+                sent, sent_logprobs = sent + delta.text, sent_logprobs + len(delta.logprobs or ())
+                yield delta
         while not queue.empty() and not job.rerouted:
             delta = queue.get_nowait()
             sent, sent_logprobs = sent + delta.text, sent_logprobs + len(delta.logprobs or ())
@@ -65,3 +56,18 @@ async def events(
             "stream_diverged",
         )
     yield result
+
+
+async def _next_delta(job: Job, deadline: float, abandon: Callable[[Job], None]) -> TokenDelta | None:
+    """The next delta, or None once the result came first. Only an empty queue is waited on: a delta
+    already queued (a batch of them arrives per engine step) is taken without a waiting task."""
+    remaining = deadline - time.time()
+    if remaining <= 0:
+        abandon(job)
+        raise errors.deadline(deadline - job.request.submitted_at)
+    getter = asyncio.ensure_future(job.deltas.get())
+    done, _ = await asyncio.wait({getter, job.future}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    return None
