@@ -162,12 +162,16 @@ def markdown(rep: dict) -> str:
         "|---" * (len(cols) + 1) + "|",
     ]
     for form, row in rep["summary"].items():
-        cells = [f"{row[c]['median']:.3g} [{row[c]['min']:.3g}-{row[c]['max']:.3g}]" for c in cols]
+        cells = [f"{_num(row[c]['median'])} [{_num(row[c]['min'])}-{_num(row[c]['max'])}]" for c in cols]
         lines.append(f"| {form} | " + " | ".join(cells) + " |")
     b, p = rep["summary"]["batched"], rep["summary"]["per token"]
     ratio = b["cpu path"]["median"] / max(1e-9, p["cpu path"]["median"])
     tail = f"CPU of gateway + worker + NATS per token, batched / per token: {ratio:.2f}x (medians)."
     return "\n\n".join([head, "\n".join(lines), tail])
+
+
+def _num(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def plot(rep: dict, path: Path) -> None:

@@ -17,9 +17,11 @@ from services.gateway.openai_replies import Reply, record, record_timeline
 
 
 def _data(doc: BaseModel | dict) -> str:
-    if isinstance(doc, BaseModel):
-        doc = doc.model_dump(exclude_unset=True)  # a chunk leaves out what OpenAI leaves out (schemas.py)
-    return f"data: {json.dumps(doc, separators=(',', ':'))}\n\n"
+    if isinstance(doc, BaseModel):  # pydantic's own serializer: about half the cost per token of json.dumps
+        body = doc.model_dump_json(exclude_unset=True)  # a chunk leaves out what OpenAI leaves out (schemas.py)
+    else:
+        body = json.dumps(doc, separators=(",", ":"))
+    return f"data: {body}\n\n"
 
 
 async def sse(
