@@ -33,7 +33,7 @@ import httpx
 
 from benchmarks import cpu_account
 from benchmarks.bench_gateway import free_port, wait_ready
-from benchmarks.bench_vs_vllm import BASE, POOL, run, stop, wait_gone
+from benchmarks.bench_vs_vllm import BASE, POOL, run, start_gateway, stop, wait_gone
 from benchmarks.registry_inproc import admin_client, start_registry
 from benchmarks.results_log import commit
 from libs.settings import ConnectionSettings
@@ -74,15 +74,7 @@ class TokenPathBench:
         async with admin_client(app) as admin:
             reply = await admin.post("/v1/tenants", json={"name": "bench"})
             self.key = reply.raise_for_status().json()["api_key"]
-        env = {
-            **os.environ,
-            "LPX_ENV_FILE": str(self.stack.env_file),
-            "LPX_GATEWAY_PORT": str(self.gw_port),
-            "LPX_GATEWAY_HOST": "127.0.0.1",
-            "LPX_GATEWAY_LOG_LEVEL": "WARNING",
-            "LPX_GATEWAY_METRICS_PORT": str(self.metrics_port),
-        }
-        self.gateway = _spawn(["-m", "services.gateway"], env, self.state / "gateway.log")
+        self.gateway = start_gateway(self.stack.env_file, self.gw_port, self.metrics_port, self.state / "gateway.log")
         self.profile = flat_profile(self.state / "flat-profile.json", self.args.step_ms / 1000)
         return self
 

@@ -181,6 +181,22 @@ def start_worker(env_file: Path, base: Path, state: Path, extra: dict[str, str])
         )
 
 
+def start_gateway(env_file: Path, port: int, metrics_port: int, log_path: Path) -> subprocess.Popen:
+    """One gateway process on loopback, on its defaults, logging warnings to `log_path`."""
+    env = {
+        **os.environ,
+        "LPX_ENV_FILE": str(env_file),
+        "LPX_GATEWAY_PORT": str(port),
+        "LPX_GATEWAY_HOST": "127.0.0.1",
+        "LPX_GATEWAY_LOG_LEVEL": "WARNING",
+        "LPX_GATEWAY_METRICS_PORT": str(metrics_port),
+    }
+    with open(log_path, "a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.gateway"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
 def stop(proc: subprocess.Popen | None, timeout_s: float = 120) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -223,18 +239,7 @@ class Bench:
         self.stack.up()
         connections = ConnectionSettings.load(self.stack.env_file)
         self.key, self.registry = await setup_registry(connections, self.adapters)
-        env = {
-            **os.environ,
-            "LPX_ENV_FILE": str(self.stack.env_file),
-            "LPX_GATEWAY_PORT": str(self.gw_port),
-            "LPX_GATEWAY_HOST": "127.0.0.1",
-            "LPX_GATEWAY_LOG_LEVEL": "WARNING",
-            "LPX_GATEWAY_METRICS_PORT": str(self.metrics_port),
-        }
-        with open(self.state / "gateway.log", "w") as log:
-            self.gateway = subprocess.Popen(
-                [sys.executable, "-m", "services.gateway"], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+        self.gateway = start_gateway(self.stack.env_file, self.gw_port, self.metrics_port, self.state / "gateway.log")
         return self
 
     async def __aexit__(self, *exc) -> None:
