@@ -88,3 +88,25 @@ def test_an_answer_is_subtracted_at_the_workers_stamp_not_twice():
     fleet.sent("w1")
     fleet.answered("w1", at=500.0)
     assert fleet.since("w1", 101.9) == 0 and fleet.since("w1", 102.0) == 0
+
+
+def test_out_of_order_stamps_count_as_a_full_scan_would():
+    """Answers stamped before later sends (the worker's `load_left_at`) are kept in time order, so the
+    scan that stops at `ts` counts exactly what a scan of every event would."""
+    import random
+
+    rng = random.Random(7)
+    clock = Clock(1000.0)
+    fleet = FleetLoad(clock=clock)
+    stamps: list[tuple[float, int]] = []
+    for _ in range(2000):
+        clock.now += rng.uniform(0.0, 0.02)
+        if rng.random() < 0.5:
+            fleet.sent("w1")
+            stamps.append((clock.now, +1))
+        else:
+            at = clock.now - rng.uniform(0.0, 0.2)
+            fleet.answered("w1", at=at)
+            stamps.append((at, -1))
+        ts = clock.now - rng.uniform(0.0, 3.0)
+        assert fleet.since("w1", ts) == sum(d for a, d in stamps if a > ts)
