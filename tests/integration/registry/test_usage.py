@@ -117,6 +117,45 @@ async def test_each_request_is_counted_once_per_adapter_and_hour(registry, conne
     assert cost["usd"] == pytest.approx(totals["completion_tokens"] / 1e6 * per_million, abs=1e-6)
 
 
+async def test_a_result_the_table_cannot_hold_is_dead_lettered_and_the_rest_of_its_pull_counted(registry, connections):
+    """A pull's results are counted in one INSERT; one row PostgreSQL refuses (a worker id longer than
+    its column) must not take the others with it: they are counted, it alone goes to the dead letters."""
+    from tests.integration.registry.events import dead_letters, wait_until
+
+    tenant = f"use-{uuid.uuid4().hex[:8]}"
+    await registry.create_tenant(tenant)
+    before = len(await dead_letters(connections.nats_url))
+    nc = await nats.connect(connections.nats_url)
+    js = nc.jetstream()
+    try:
+        for i in range(7):  # published back to back: they reach the consumer in one pull
+            worker = "w" * 80 if i == 3 else "w1"
+            result = InferenceResult(
+                request_id=new_id(),
+                worker_id=worker,
+                ok=True,
+                prompt_tokens=2,
+                completion_tokens=1,
+                tenant=tenant,
+                base_model="smollm2-135m",
+            )
+            await publish(js, result)
+    finally:
+        await nc.drain()
+
+    found = await usage_of(registry, tenant, requests=6)
+    assert found["totals"]["requests"] == 6
+
+    async def dead_lettered():
+        letters = await dead_letters(connections.nats_url)
+        return [x for x in letters[before:] if "usage could not be recorded" in x.reason]
+
+    letters = await wait_until(dead_lettered)
+    assert len(letters) == 1
+    await asyncio.sleep(1.0)
+    assert (await usage_of(registry, tenant, requests=6))["totals"]["requests"] == 6
+
+
 async def test_usage_of_an_unknown_tenant_is_404_and_a_bad_window_422(registry):
     assert (await registry.client.get("/v1/tenants/nobody-here/usage")).status_code == 404
     tenant = f"use-{uuid.uuid4().hex[:8]}"
