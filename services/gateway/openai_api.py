@@ -31,8 +31,12 @@ router = APIRouter()
 _bearer = HTTPBearer(auto_error=False, description="your tenant's API key: `Authorization: Bearer lpx_...`")
 
 
-def _authorization(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
-    """The Authorization header as sent (the key's format is checked later: 401 in OpenAI's shape)."""
+async def _authorization(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str | None:
+    """The Authorization header as sent (the key's format is checked later: 401 in OpenAI's shape).
+    Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hand-off and
+    back on every request for a string join."""
     return f"{credentials.scheme} {credentials.credentials}" if credentials else None
 
 

@@ -38,7 +38,8 @@ def name_field() -> Any:
     return Field(json_schema_extra=NAME_DOC)
 
 
-def get_ctx(request: Request) -> RegistryContext:
+async def get_ctx(request: Request) -> RegistryContext:
+    """Async: FastAPI runs a plain `def` dependency in its thread pool (a hand-off per request)."""
     return request.app.state.ctx
 
 
