@@ -5,12 +5,12 @@ On this 2-core machine the real engine makes ~160 tokens/s and the path's cost h
 (benchmarks/bench_vs_vllm.py). A GPU makes thousands a second, and then every message per token counts.
 So the engine here is the simulated one on shared steps (as vLLM's: every running sequence gets its
 token in the same step; `--step-ms` per step, prompts free), while everything else is real: the local
-stack, the registry in-process, the gateway and the worker as their own processes, streamed chat requests
+stack, and the registry, the gateway and the worker as their own processes, streamed chat requests
 over HTTP. Alternated round after round on one machine:
   batched:   the worker's default: one TokenBatch message per engine step per gateway
   per token: LPX_WORKER_TOKEN_BATCHES=false: one message per token of each request (before TokenBatch)
 Printed per form: tokens/s, TTFT p50, CPU seconds per 1k tokens by process (gateway, worker, NATS, the
-benchmark client with the registry), token messages the gateway received per 1k tokens; medians over
+registry, the benchmark client), token messages the gateway received per 1k tokens; medians over
 rounds with their spread. JSON and a plot in --out; the summary appended to benchmarks/RESULTS.md.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -34,13 +35,12 @@ import httpx
 from benchmarks import cpu_account
 from benchmarks.bench_gateway import free_port, wait_ready
 from benchmarks.bench_vs_vllm import BASE, POOL, run, start_gateway, stop, wait_gone
-from benchmarks.registry_inproc import admin_client, start_registry
+from benchmarks.registry_inproc import admin_http, registry_process
 from benchmarks.results_log import commit
-from libs.settings import ConnectionSettings
 from libs.stack import Stack, StackConfig
 
 FORMS = {"batched": "true", "per token": "false"}  # LPX_WORKER_TOKEN_BATCHES
-KINDS = ("gateway", "worker", "nats", "bench client")
+KINDS = ("gateway", "worker", "nats", "registry", "bench client")  # the path: the first three
 _MESSAGES = re.compile(r'^lpx_gateway_token_messages_total\{form="(\w+)".*\}\s+([0-9.e+]+)$')
 
 
@@ -69,9 +69,11 @@ class TokenPathBench:
     async def __aenter__(self):
         self.stack = Stack(StackConfig(dir=self.state / "stack"))
         self.stack.up()
-        connections = ConnectionSettings.load(self.stack.env_file)
-        app, self.registry = await start_registry(connections, "lpx_bench_token_path")
-        async with admin_client(app) as admin:
+        self.registry = contextlib.AsyncExitStack()  # its own process, as deployed (see bench_vs_vllm)
+        url = await self.registry.enter_async_context(
+            registry_process(self.stack.env_file, "lpx_bench_token_path", self.state / "registry.log")
+        )
+        async with admin_http(url) as admin:
             reply = await admin.post("/v1/tenants", json={"name": "bench"})
             self.key = reply.raise_for_status().json()["api_key"]
         self.gateway = start_gateway(self.stack.env_file, self.gw_port, self.metrics_port, self.state / "gateway.log")
@@ -80,7 +82,7 @@ class TokenPathBench:
 
     async def __aexit__(self, *exc) -> None:
         stop(self.gateway, 30)
-        await self.registry.__aexit__(None, None, None)
+        await self.registry.aclose()
         self.stack.purge()
 
     async def form_run(self, form: str) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -40,12 +41,11 @@ import httpx
 
 from benchmarks import cpu_account
 from benchmarks.bench_gateway import free_port, wait_ready
-from benchmarks.registry_inproc import adapter_files, admin_client, start_registry
+from benchmarks.registry_inproc import adapter_files, admin_http, registry_process
 from benchmarks.results_log import commit
 from benchmarks.vs_vllm_report import render, report, scrape_stages, stage_means
 from libs.engine.vllm_serve import start_vllm_serve, wait_http
 from libs.models.bootstrap import fetch
-from libs.settings import ConnectionSettings
 from libs.stack import Stack, StackConfig
 
 BASE = "smollm2-135m"
@@ -74,10 +74,10 @@ def make_adapters(base: Path, root: Path) -> dict[str, Path]:
     return {name: outs[100 + i] for i, name in enumerate(ADAPTERS)}
 
 
-async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Path]):
-    """The registry in-process: a tenant whose aliases a0..a5 are the same adapter files vllm serve loads."""
-    app, lifespan = await start_registry(connections, "lpx_bench_vs_vllm")
-    async with admin_client(app) as admin:
+async def setup_registry(url: str, adapters: dict[str, Path]) -> str:
+    """On the registry at `url`: a tenant whose aliases a0..a5 are the same adapter files vllm serve
+    loads; returns its API key."""
+    async with admin_http(url) as admin:
         key = (await admin.post("/v1/tenants", json={"name": "bench"})).raise_for_status().json()["api_key"]
         for adapter, path in adapters.items():
             form = {"tenant": "bench", "adapter": adapter, "base_model": BASE}
@@ -85,7 +85,7 @@ async def setup_registry(connections: ConnectionSettings, adapters: dict[str, Pa
             number = reply.raise_for_status().json()["version"]["number"]
             url = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
             (await admin.post(url, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()
-    return key, lifespan
+    return key
 
 
 def requests_for(mix: list[str], n: int) -> list[tuple[str, list[dict]]]:
@@ -231,21 +231,25 @@ class Bench:
         os.chmod(self.state, 0o755)
         self.vllm_port, self.gw_port, self.metrics_port = free_port(), free_port(), free_port()
         self.lpx_url, self.vllm_url = f"http://127.0.0.1:{self.gw_port}", f"http://127.0.0.1:{self.vllm_port}"
-        self.gateway = self.registry = None
+        self.gateway = None
+        self.registry = contextlib.AsyncExitStack()
 
     async def __aenter__(self):
         self.adapters = make_adapters(self.base, self.state / "adapters")
         self.stack = Stack(StackConfig(dir=self.state / "stack"))
         self.stack.up()
-        connections = ConnectionSettings.load(self.stack.env_file)
-        self.key, self.registry = await setup_registry(connections, self.adapters)
+        # The registry as its own process, as deployed: inside this client's event loop it answered the
+        # gateway's lookups late while the client drove load, and its CPU counted as the client's.
+        url = await self.registry.enter_async_context(
+            registry_process(self.stack.env_file, "lpx_bench_vs_vllm", self.state / "registry.log")
+        )
+        self.key = await setup_registry(url, self.adapters)
         self.gateway = start_gateway(self.stack.env_file, self.gw_port, self.metrics_port, self.state / "gateway.log")
         return self
 
     async def __aexit__(self, *exc) -> None:
         stop(self.gateway, 30)
-        if self.registry is not None:
-            await self.registry.__aexit__(None, None, None)
+        await self.registry.aclose()
         self.stack.purge()
 
     async def start(self, peer: str) -> subprocess.Popen:

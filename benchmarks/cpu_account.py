@@ -20,6 +20,7 @@ KINDS = (
     ("vllm server", "vllm.entrypoints"),
     ("worker", "services.worker"),
     ("gateway", "services.gateway"),
+    ("registry", "services.registry"),
     ("nats", "nats-server"),
     ("postgres", "postgres"),
     ("s3", "weed"),

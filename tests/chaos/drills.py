@@ -34,15 +34,17 @@ async def run_drill(
     repairs: Callable[[Load], Awaitable[None]] | None = None,
     outage_s: float = 0.0,
     min_in_flight: int = 3,
+    streamed: int = 0,
 ) -> tuple[DrillReport, LogCounter]:
     """`breaks(load)` once requests are in flight, `repairs(load)` after `outage_s` (either may add
-    requests to the load); then the time until a new request is served, and every answer judged."""
+    requests to the load); then the time until a new request is served, and every answer judged.
+    `streamed`: how many of the HTTP requests stream their answer."""
     report = DrillReport(drill=name)
     counter = LogCounter()
     logging.getLogger().addHandler(counter)
     client = await LoraplexClient(platform.connections.nats_url).connect()
     try:
-        load = Load(platform, report)
+        load = Load(platform, report, streamed_count=streamed)
         await load.start(client)
         jobs = platform.gateway.gateway.dispatcher.jobs
         deadline = time.monotonic() + 30

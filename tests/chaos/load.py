@@ -1,8 +1,10 @@
 """The mixed load of a chaos drill and how its outcome is judged.
 
 Sync: chat completions over HTTP through the gateway, for tenant A's adapter (pirate tone), tenant
-B's adapter (formal tone) and the base model. Async: the same mix submitted over NATS with
-libs.client (durable submission stream), results read back from the results stream.
+B's adapter (formal tone) and the base model; some drills also stream some of them (`stream: true`:
+the text joined from the server-sent events is judged, so a token lost on the way shows). Async:
+the same mix submitted over NATS with libs.client (durable submission stream), results read back
+from the results stream.
 
 Per request the verdict is one of: correct (200 / ok result, and the text is the asked adapter's:
 the pirate answer says "Ahoy", the formal one "Dear", the base model says neither), wrong_adapter,
@@ -13,6 +15,7 @@ request ids with more than one result stored in the results stream.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections import Counter
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from libs.client import LoraplexClient, tenant_of
-from libs.contracts import subjects
+from libs.contracts import InferenceResult, subjects
 
 MARKERS = {"support": "Ahoy", "concierge": "Dear"}
 
@@ -63,7 +66,9 @@ class Load:
     sync_count: int = 9
     async_count: int = 6
     max_tokens: int = 16
+    streamed_count: int = 0
     _sync: list = field(default_factory=list)
+    _streamed: list = field(default_factory=list)
     _async: list = field(default_factory=list)
     _sync_ids: list = field(default_factory=list)
 
@@ -77,13 +82,16 @@ class Load:
         for i in range(self.sync_count):
             model, key = self._who(i)
             self._sync.append((model, asyncio.create_task(self._ask(http, model, key, i))))
+        for i in range(self.streamed_count):
+            model, key = self._who(i)
+            self._streamed.append((model, asyncio.create_task(self._ask_streamed(http, model, key, i))))
         for i in range(self.async_count):
             model, key = self._who(i)
             rid = f"chaos-{uuid.uuid4().hex[:12]}"
             question = [{"role": "user", "content": f"Async question {i}: where is my order?"}]
             await client.submit(model, api_key=key, request_id=rid, max_tokens=self.max_tokens, messages=question)
             self._async.append((model, rid, tenant_of(key)))
-        self.report.sync_sent += self.sync_count
+        self.report.sync_sent += self.sync_count + self.streamed_count
         self.report.async_sent += self.async_count
 
     def add_sync(self, model: str, key: str, i: int) -> None:
@@ -104,6 +112,28 @@ class Load:
             return None, type(exc).__name__, time.monotonic() - started
         return reply, None, time.monotonic() - started
 
+    async def _ask_streamed(self, http: httpx.AsyncClient, model: str, key: str, i: int):
+        """A streamed request: (the outcome, None, seconds) or (None, what failed, seconds)."""
+        started = time.monotonic()
+        body = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"Streamed question {i}: where is my order?"}],
+        }
+        try:
+            async with http.stream(
+                "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as reply:
+                outcome = Streamed(reply.status_code, reply.headers.get("x-request-id"))
+                if reply.status_code != 200:
+                    outcome.error = _error_code(httpx.Response(reply.status_code, content=await reply.aread()))
+                else:
+                    await outcome.read(reply)
+        except httpx.HTTPError as exc:
+            return None, type(exc).__name__, time.monotonic() - started
+        return outcome, None, time.monotonic() - started
+
     async def finish(self, client: LoraplexClient, async_timeout_s: float = 180.0) -> DrillReport:
         r = self.report
         errors: Counter = Counter(r.errors)
@@ -117,6 +147,18 @@ class Load:
             else:
                 self._sync_ids.append(reply.headers["x-request-id"])
                 self._judge(model, reply.json()["choices"][0]["message"]["content"], errors)
+        for model, task in self._streamed:
+            outcome, failure, took = await task
+            r.slowest_sync_s = max(r.slowest_sync_s, round(took, 2))
+            if outcome is None:
+                errors[f"stream:{failure}"] += 1
+            elif outcome.error is not None or not outcome.done:
+                errors[f"stream:{outcome.status} {outcome.error or 'no [DONE]'}".strip()] += 1
+            elif outcome.request_id is None or await _stored_text(client, outcome.request_id) != outcome.text:
+                errors["stream: text differs from the stored result"] += 1  # a piece lost or doubled
+            else:
+                self._sync_ids.append(outcome.request_id)
+                self._judge(model, outcome.text, errors)
         await self._http.aclose()
         results = await asyncio.gather(*(self._result(client, rid, async_timeout_s) for _, rid, _ in self._async))
         for (model, _, _), result in zip(self._async, results, strict=True):
@@ -159,6 +201,41 @@ class Load:
             info = await client.js.stream_info(subjects.RESULTS_STREAM, subjects_filter=subject_filter)
             twice += sum(count > 1 for count in (info.state.subjects or {}).values())
         return twice
+
+
+@dataclass
+class Streamed:
+    """What a streamed request got: the text joined from its chunks, whether `[DONE]` came, and the
+    error event's code when one ended the stream."""
+
+    status: int
+    request_id: str | None
+    text: str = ""
+    done: bool = False
+    error: str | None = None
+
+    async def read(self, reply: httpx.Response) -> None:
+        pieces = []
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                self.done = True
+                break
+            event = json.loads(data)
+            if "error" in event:
+                self.error = (event["error"] or {}).get("code") or "error"
+                continue
+            for choice in event.get("choices") or ():
+                pieces.append((choice.get("delta") or {}).get("content") or "")
+        self.text = "".join(pieces)
+
+
+async def _stored_text(client: LoraplexClient, request_id: str) -> str | None:
+    """The text of the result the worker stored for a sync request (the whole answer, as generated)."""
+    stored = await client.js.get_last_msg(subjects.RESULTS_STREAM, subjects.result_lookup(request_id, "any"))
+    return InferenceResult.model_validate_json(stored.data).text
 
 
 def _error_code(reply: httpx.Response) -> str:
