@@ -72,6 +72,7 @@ class Gateway:
             negative_ttl_s=s.negative_ttl_s,
             timeout_s=s.resolve_timeout_s,
             max_entries=s.cache_max_entries,
+            refresh_after_s=s.resolve_refresh_after_s if s.resolve_refresh_after_s < s.resolve_ttl_s else None,
             on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}),
         )
         self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)

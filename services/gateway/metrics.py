@@ -19,7 +19,7 @@ class GatewayMetrics:
     digest_mismatch: Counter  # tenant, pool, worker: an alert, never a silent success
     reroutes: Counter  # pool, reason
     duplicate_results: Counter  # results after the first for one request id (dropped)
-    resolve_lookups: Counter  # outcome: hit, miss, negative, stale, unavailable
+    resolve_lookups: Counter  # outcome: hit, miss, refresh, negative, stale, unavailable
     submissions: Counter  # outcome
     in_flight: UpDownCounter
     stage_s: Histogram  # stage: services.gateway.timeline.STAGES

@@ -1,6 +1,9 @@
 """Alias resolution and key authentication through the registry, with a local cache.
 
-* Positive answers are fresh for `ttl_s`; refusals (not_found, not_active, unauthorized, bad_request)
+* Positive answers are fresh for `ttl_s`. One served after `refresh_after_s` is asked of the registry
+  again in the background, so a key in use never waits on the registry when its TTL runs out (every
+  `ttl_s` each hot key cost one request its two registry round trips); what is served is never older
+  than `ttl_s`, as without it. Refusals (not_found, not_active, unauthorized, bad_request)
   are cached for `negative_ttl_s` only, so a new activation shows up quickly even without its event.
 * The registry's lifecycle events (`lpx.events.adapter.>`) drop every entry of the tenant concerned
   (alias moved, version activated, retired or rejected), so a moved alias never serves the old version.
@@ -50,6 +53,7 @@ class _Entry:
     reply: BaseModel
     positive: bool
     stored_at: float
+    asked_at: float = 0.0  # the last background refresh started for it: one per refresh_after_s at most
 
 
 @dataclass
@@ -58,6 +62,7 @@ class CacheStats:
     misses: int = 0
     stale_served: int = 0
     invalidations: int = 0
+    refreshes: int = 0
 
 
 class ResolverCache:
@@ -69,6 +74,7 @@ class ResolverCache:
         negative_ttl_s: float = 2.0,
         timeout_s: float = 2.0,
         max_entries: int = 100_000,
+        refresh_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_lookup: Callable[[str], None] | None = None,
     ) -> None:
@@ -77,9 +83,11 @@ class ResolverCache:
         self.negative_ttl_s = negative_ttl_s
         self.timeout_s = timeout_s
         self.max_entries = max_entries
+        self.refresh_after_s = refresh_after_s
         self._clock = clock
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._inflight: dict[tuple, asyncio.Future] = {}
+        self._refreshing: set[asyncio.Task] = set()  # held: the loop keeps only weak references
         self._on_lookup = on_lookup or (lambda outcome: None)
         self.stats = CacheStats()
 
@@ -100,16 +108,22 @@ class ResolverCache:
             self._entries.move_to_end(key)
             self.stats.hits += 1
             self._on_lookup("hit")
+            if self._due_for_refresh(key, entry):
+                self._refresh(key, entry, subject, payload, reply_type)
             return entry.reply
         self.stats.misses += 1
         pending = self._inflight.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
+        return await self._fetch(key, subject, payload, reply_type)
+
+    async def _fetch(self, key: tuple, subject: str, payload: bytes, reply_type, outcome: str = "miss"):
+        """Ask the registry once for `key`; lookups of it meanwhile wait on the same answer."""
         future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             reply = await self._ask(subject, payload, reply_type)
-            reply = self._settle(key, reply)
+            reply = self._settle(key, reply, outcome)
             future.set_result(reply)
             return reply
         except BaseException as exc:
@@ -118,6 +132,23 @@ class ResolverCache:
             raise
         finally:
             self._inflight.pop(key, None)
+
+    def _due_for_refresh(self, key: tuple, entry: _Entry) -> bool:
+        return (
+            self.refresh_after_s is not None
+            and entry.positive
+            and self._clock() - max(entry.stored_at, entry.asked_at) >= self.refresh_after_s
+            and key not in self._inflight
+        )
+
+    def _refresh(self, key: tuple, entry: _Entry, subject: str, payload: bytes, reply_type) -> None:
+        """In the background; a refresh the registry cannot answer leaves the entry as it was (served
+        until its TTL, then as a stale fallback) and is not tried again before `refresh_after_s`."""
+        entry.asked_at = self._clock()
+        self.stats.refreshes += 1
+        task = asyncio.create_task(self._fetch(key, subject, payload, reply_type, outcome="refresh"))
+        self._refreshing.add(task)
+        task.add_done_callback(self._refreshing.discard)
 
     async def _ask(self, subject: str, payload: bytes, reply_type):
         try:
@@ -129,11 +160,11 @@ class ResolverCache:
         except Exception as exc:
             return _unavailable(reply_type, f"registry did not answer: {type(exc).__name__}")
 
-    def _settle(self, key: tuple, reply):
+    def _settle(self, key: tuple, reply, outcome: str = "miss"):
         positive = _positive(reply)
         if positive:
             self._store(key, reply, True)
-            self._on_lookup("miss")
+            self._on_lookup(outcome)
             return reply
         if reply.code == "unavailable":
             entry = self._entries.get(key)

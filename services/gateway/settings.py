@@ -39,6 +39,9 @@ class GatewaySettings(ServiceSettings):
     # Alias resolution / key authentication cache: positive entries are fresh for `resolve_ttl_s`
     # and kept as a stale fallback while the registry is unavailable; refusals for `negative_ttl_s`.
     resolve_ttl_s: float = Field(30.0, ge=0)
+    # A positive answer served once older than this is asked again in the background (hot keys never
+    # wait on the registry at their TTL); at or above resolve_ttl_s it never is.
+    resolve_refresh_after_s: float = Field(20.0, ge=0)
     negative_ttl_s: float = Field(2.0, ge=0)
     resolve_timeout_s: float = Field(2.0, gt=0)
     cache_max_entries: int = 100_000

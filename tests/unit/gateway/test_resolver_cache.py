@@ -140,3 +140,59 @@ async def test_authentication_is_cached_like_resolution():
     assert (await cache.authenticate("acme", KEY)).aliases == ["support"]
     await cache.authenticate("acme", KEY)
     assert [s for s, _ in reg.calls] == [subjects.AUTH]
+
+
+async def test_a_key_in_use_is_refreshed_in_the_background_and_never_waits_at_its_ttl():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=20)
+    await cache.resolve("acme", "support", KEY)
+    clock.now = 19
+    await cache.resolve("acme", "support", KEY)
+    await asyncio.sleep(0)
+    assert len(reg.calls) == 1  # young: served, nothing asked
+    reg.slow = 0.05
+    clock.now = 21
+    moved = REF.model_copy(update={"digest": "b" * 64})
+    reg.replies["support"] = ResolveReply(found=True, adapter=moved, version=2)
+    assert (await cache.resolve("acme", "support", KEY)).adapter == REF  # served at once, from the cache
+    assert (await cache.resolve("acme", "support", KEY)).adapter == REF  # one refresh in flight, not two
+    await asyncio.sleep(0.1)
+    assert len(reg.calls) == 2 and cache.stats.refreshes == 1
+    clock.now = 45  # past the first answer's TTL, not the refreshed one's
+    assert (await cache.resolve("acme", "support", KEY)).adapter == moved
+    assert len(reg.calls) == 2
+
+
+async def test_a_refresh_the_registry_cannot_answer_keeps_the_entry_and_is_not_retried_at_once():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=20)
+    await cache.resolve("acme", "support", KEY)
+    reg.down = True
+    clock.now = 21
+    for _ in range(5):
+        assert (await cache.resolve("acme", "support", KEY)).adapter == REF
+        await asyncio.sleep(0)
+    assert len(reg.calls) == 2  # one refresh tried, not one per request
+    clock.now = 31  # past the TTL: asked in the foreground, the stale answer served as before
+    assert (await cache.resolve("acme", "support", KEY)).adapter == REF
+    assert cache.stats.stale_served >= 1
+
+
+async def test_refusals_and_invalidated_keys_are_not_refreshed_ahead():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["nope"] = ResolveReply(found=False, code="not_found")
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=1)
+    await cache.resolve("acme", "nope", KEY)
+    clock.now = 1.5
+    await cache.resolve("acme", "nope", KEY)
+    await asyncio.sleep(0)
+    assert len(reg.calls) == 1 and cache.stats.refreshes == 0
+    await cache.resolve("acme", "support", KEY)
+    event = AdapterEvent(kind="alias_moved", tenant="acme", adapter="support", digest="a" * 64)
+    cache.on_event(event.model_dump_json().encode())
+    clock.now = 3
+    await cache.resolve("acme", "support", KEY)  # dropped by the event: asked in the foreground
+    assert cache.stats.refreshes == 0 and len(reg.calls) == 3
