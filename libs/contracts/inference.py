@@ -101,6 +101,22 @@ class InferenceRequest(Message):
     reply_to: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$", max_length=64)
 
 
+# A NATS header (not a body field: workers of the previous release forbid unknown fields, and ignore
+# headers) a gateway sets on the first dispatch of a request id it minted itself for an HTTP request.
+# Nothing can have answered that id yet, so on the message's first delivery, soon after it was sent, a
+# worker may skip its duplicate lookup (one JetStream round trip per request, before the engine). Copies
+# (load-bound pass-on, drain hand-off) and re-routes carry another Nats-Msg-Id than
+# `first_dispatch_id`, so the worker does not take them for fresh.
+FRESH_REQUEST_HEADER = "Lpx-Fresh-Request"
+
+
+def first_dispatch_id(request_id: str, gateway_id: str | None) -> str:
+    """Nats-Msg-Id of a request's first dispatch by `gateway_id`: that gateway's retries are stored once,
+    while another gateway dispatching the same id (a submission redelivered after its first gateway
+    died) is not taken for a duplicate and dropped by JetStream (its answer would never come)."""
+    return f"{request_id}@{gateway_id}" if gateway_id else request_id
+
+
 class TokenDelta(Message):
     request_id: str
     index: int

@@ -6,6 +6,7 @@
 from libs.contracts.adapters import AdapterEvent, AdapterEventKind, ResolveReply, ResolveRequest
 from libs.contracts.base import SCHEMA_VERSION, AdapterRef, DeadLetter, Message, new_id
 from libs.contracts.inference import (
+    FRESH_REQUEST_HEADER,
     MAX_LOGPROBS,
     AdapterTier,
     ChatMessage,
@@ -20,6 +21,7 @@ from libs.contracts.inference import (
     TokenDelta,
     TokenLogprob,
     TopLogprob,
+    first_dispatch_id,
 )
 from libs.contracts.tenants import (
     MAX_FAIR_WEIGHT,
@@ -46,6 +48,8 @@ from libs.contracts.training import (
 from libs.contracts.workers import WorkerHeartbeat, WorkerLoad
 
 __all__ = [
+    "FRESH_REQUEST_HEADER",
+    "first_dispatch_id",
     "SCHEMA_VERSION",
     "Message",
     "AdapterRef",

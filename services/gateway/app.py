@@ -209,7 +209,9 @@ class Gateway:
         stream: bool,
         interactive: bool = True,
         refuse_early: bool | None = None,
+        fresh: bool = False,
     ) -> Job:
+        """`fresh`: `request_id` was minted here for this request (an HTTP one), never dispatched before."""
         request = InferenceRequest(
             request_id=request_id,
             tenant_id=prepared.tenant,
@@ -230,6 +232,7 @@ class Gateway:
             interactive=interactive,
             refuse_early=interactive if refuse_early is None else refuse_early,
             after_wait=lambda: self.still_allowed(prepared),
+            fresh=fresh,
         )
 
 

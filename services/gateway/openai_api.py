@@ -109,6 +109,7 @@ async def _serve(
                     sampling=sampling,
                     deadline=deadline,
                     stream=body.stream,
+                    fresh=True,  # rid minted just above
                 )
                 if body.stream:
                     usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -39,6 +39,7 @@ from libs.telemetry import extract_context, inject_headers
 from services.worker.admission import AdapterAdmission
 from services.worker.batch_share import BatchShare, HandedBack
 from services.worker.engine_admission import EngineAdmission, Ticket
+from services.worker.freshness import skips_duplicate_lookup
 from services.worker.metrics import WorkerMetrics
 from services.worker.results import ResultPublisher, publish_deadline
 from services.worker.tiers import AdapterLease, AdapterTiers, AdapterUnavailable
@@ -111,7 +112,9 @@ class RequestProcessor:
         if rid in self.active:
             await msg.in_progress()  # a redelivery while we generate: the original will ack
             return
-        if rid in self.answered or await self._already_answered(request):
+        if rid in self.answered or (
+            not skips_duplicate_lookup(msg, request, fetched_at) and await self._already_answered(request)
+        ):
             self.answered.add(rid)
             await msg.ack()
             return

@@ -119,11 +119,13 @@ class Dispatcher:
         interactive: bool = True,
         refuse_early: bool | None = None,
         after_wait: Callable[[], Awaitable[object]] | None = None,
+        fresh: bool = False,
     ) -> Job:
         """Route and publish one request; GatewayError 503 when no worker can take it, or (with
         `refuse_early`, default: interactive requests) when it could not finish before its deadline.
         While the pool is full it waits for its fair share (interactive before batch); after a wait,
-        `after_wait` may still refuse it (a key revoked meanwhile)."""
+        `after_wait` may still refuse it (a key revoked meanwhile). `fresh`: a request id this gateway
+        minted for this request, never dispatched before (the worker may skip its duplicate lookup)."""
         if request.request_id in self.jobs:
             raise errors.bad_request(
                 f"request id {request.request_id!r} is already in flight", "request_id", "duplicate_request"
@@ -144,7 +146,8 @@ class Dispatcher:
             self.admission.dispatched(granted)  # in the load signal now (or failed): no longer pending
         try:
             job.publish_started_at = time.time()
-            await self.publish(job, subjects.infer(job.pool, job.worker, job.token), self._msg_id(request.request_id))
+            subject = subjects.infer(job.pool, job.worker, job.token)
+            await self.publish(job, subject, self._msg_id(request.request_id), fresh=fresh)
             job.published_at = time.time()
         except Exception as exc:
             self._release(job)
@@ -185,8 +188,8 @@ class Dispatcher:
     def _msg_id(self, request_id: str) -> str:
         return self.publisher.msg_id(request_id)
 
-    async def publish(self, job: Job, subject: str, msg_id: str) -> None:
-        await self.publisher.publish(job, subject, msg_id)
+    async def publish(self, job: Job, subject: str, msg_id: str, *, fresh: bool = False) -> None:
+        await self.publisher.publish(job, subject, msg_id, fresh=fresh)
 
     # --- routing and load (the re-router routes and moves jobs too) ------------------------------------
     def route(self, pool: str, workers: tuple[str, ...], token: str) -> RouteDecision:

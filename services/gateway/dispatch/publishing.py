@@ -11,6 +11,7 @@ import time
 from opentelemetry import trace
 
 from libs.bus.retry import publish_retrying
+from libs.contracts import FRESH_REQUEST_HEADER, first_dispatch_id
 from libs.telemetry import inject_headers
 from services.gateway.dispatch.job import Job
 
@@ -23,12 +24,11 @@ class Publisher:
         self.retry_s = retry_s
 
     def msg_id(self, request_id: str) -> str:
-        """Nats-Msg-Id of a first dispatch: this gateway's retries are stored once, but another gateway
-        dispatching the same request id (a submission redelivered after its first gateway died) is not
-        mistaken for a duplicate and dropped by JetStream (its answer would never come)."""
-        return f"{request_id}@{self.gateway_id}" if self.gateway_id else request_id
+        """Nats-Msg-Id of a first dispatch (`first_dispatch_id`)."""
+        return first_dispatch_id(request_id, self.gateway_id)
 
-    async def publish(self, job: Job, subject: str, msg_id: str) -> None:
+    async def publish(self, job: Job, subject: str, msg_id: str, *, fresh: bool = False) -> None:
+        """`fresh`: the first dispatch of a request id this gateway minted (FRESH_REQUEST_HEADER)."""
         with self.tracer.start_as_current_span(
             "gateway.publish",
             context=job.trace_context,
@@ -42,7 +42,7 @@ class Publisher:
                 "lpx.attempt": job.attempts,
             },
         ):
-            headers = inject_headers({"Nats-Msg-Id": msg_id})
+            headers = inject_headers({"Nats-Msg-Id": msg_id, **({FRESH_REQUEST_HEADER: "1"} if fresh else {})})
             give_up_at = time.time() + self.retry_s
             if job.request.deadline is not None:
                 give_up_at = min(give_up_at, job.request.deadline)

@@ -12,7 +12,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from libs.contracts import AdapterRef, InferenceRequest, InferenceResult, WorkerHeartbeat, subjects
+from libs.contracts import (
+    FRESH_REQUEST_HEADER,
+    AdapterRef,
+    InferenceRequest,
+    InferenceResult,
+    WorkerHeartbeat,
+    subjects,
+)
 from services.gateway.dispatch import DigestMismatch, Dispatcher
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import GatewayMetrics
@@ -190,6 +197,19 @@ async def test_lost_worker_requests_are_rerouted_to_live_ones():
     assert js.published[-1][0] == subjects.infer_any("p", REF.digest)
     await asyncio.sleep(0)
     assert counter(reader, "lpx_gateway_reroutes") == len(stranded) + 4
+
+
+async def test_only_a_fresh_first_dispatch_is_marked_fresh_and_re_routes_never_are():
+    """The worker skips its duplicate lookup on the mark: only the first dispatch of an id the gateway
+    minted may carry it (an async submission may have been dispatched by another gateway before)."""
+    d, js, pools, _ = make(workers=("w1", "w2"))
+    fresh = await d.submit(request("r1"), rank=16, fresh=True)
+    await d.submit(request("r2"), rank=16)
+    assert js.published[0][2][FRESH_REQUEST_HEADER] == "1"
+    assert FRESH_REQUEST_HEADER not in js.published[1][2]
+    pools.set([({"w1", "w2"} - {fresh.worker}).pop()])
+    assert await Rerouter(d).reroute(fresh.worker, reason="lost") >= 1
+    assert all(FRESH_REQUEST_HEADER not in h for _, _, h in js.published[2:])
 
 
 async def test_streaming_events_end_with_the_checked_result():
