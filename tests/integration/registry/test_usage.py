@@ -22,6 +22,19 @@ async def publish(js, result: InferenceResult, subject: str | None = None, msg_i
     await js.publish(subject or subjects.results(result.request_id), result.model_dump_json().encode(), headers=headers)
 
 
+def counted(tenant: str, request_id: str, *, worker: str = "w1", prompt: int, completion: int) -> InferenceResult:
+    """A worker's ok answer for `tenant`'s base model: one request to count."""
+    return InferenceResult(
+        request_id=request_id,
+        worker_id=worker,
+        ok=True,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        tenant=tenant,
+        base_model="smollm2-135m",
+    )
+
+
 async def usage_of(registry, tenant: str, requests: int, timeout_s: float = 15) -> dict:
     for _ in range(int(timeout_s / 0.2)):
         reply = await registry.client.get(f"/v1/tenants/{tenant}/usage", params={"since_hours": 1})
@@ -130,16 +143,7 @@ async def test_a_result_the_table_cannot_hold_is_dead_lettered_and_the_rest_of_i
     try:
         for i in range(7):  # published back to back: they reach the consumer in one pull
             worker = "w" * 80 if i == 3 else "w1"
-            result = InferenceResult(
-                request_id=new_id(),
-                worker_id=worker,
-                ok=True,
-                prompt_tokens=2,
-                completion_tokens=1,
-                tenant=tenant,
-                base_model="smollm2-135m",
-            )
-            await publish(js, result)
+            await publish(js, counted(tenant, new_id(), worker=worker, prompt=2, completion=1))
     finally:
         await nc.drain()
 
@@ -184,16 +188,7 @@ async def test_results_that_arrive_while_postgres_is_down_are_counted_once_it_is
             try:
                 rids = [new_id() for _ in range(5)]
                 for rid in rids + rids[:2]:  # two of them answered twice (a re-route)
-                    result = InferenceResult(
-                        request_id=rid,
-                        worker_id="w1",
-                        ok=True,
-                        prompt_tokens=3,
-                        completion_tokens=4,
-                        tenant=tenant,
-                        base_model="smollm2-135m",
-                    )
-                    await publish(js, result)
+                    await publish(js, counted(tenant, rid, prompt=3, completion=4))
                 await asyncio.sleep(2.0)  # the consumer meets the dead database meanwhile
             finally:
                 await nc.drain()
