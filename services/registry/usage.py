@@ -59,9 +59,9 @@ def usage_row(result: InferenceResult, now: datetime) -> dict | None:
 
 async def record(session: AsyncSession, results: list[InferenceResult], now: datetime | None = None) -> None:
     """Count `results` in one statement. A request counted before (or twice in `results`: a re-routed
-    request's two answers in one pull) adds nothing. Executed as one statement with many parameter
-    sets: SQLAlchemy caches its compiled form and sends the rows as one multi-row INSERT, where a
-    `values([...])` statement was compiled anew for every batch (most of the registry's CPU here)."""
+    request's two answers in one pull) adds nothing. One statement with many parameter sets (an
+    executemany, which asyncpg sends in one round trip): SQLAlchemy compiles it once and caches it,
+    where a `values(...)` statement was compiled anew each time (most of the registry's CPU here)."""
     now = now or datetime.now(UTC)
     rows: dict[str, dict] = {}
     for result in results:
@@ -175,8 +175,9 @@ async def _parsed(dead_letters: DeadLetters, msg) -> InferenceResult | None:
 
 async def _count(ctx: RegistryContext, dead_letters: DeadLetters, batch: list[tuple]) -> None:
     """Count a pull's results in one transaction (not one per result: under load that was the
-    registry's main CPU cost), then ack them. PostgreSQL away: every one NAKed with a delay, counted on redelivery.
-    Any other failure: counted one by one, so only the result that cannot be recorded is dead-lettered."""
+    registry's main CPU cost), then ack them. PostgreSQL away: every one NAKed with a delay, counted
+    on redelivery. Any other failure: counted one by one, so only the result that cannot be recorded
+    is dead-lettered."""
     try:
         async with transaction(ctx.sessions) as session:
             await record(session, [result for _, result in batch])

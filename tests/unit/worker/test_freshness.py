@@ -46,6 +46,7 @@ def test_anything_unsure_runs_the_lookup():
     assert not skips_duplicate_lookup(Msg(fresh_headers(), Meta(num_delivered=2)), req, NOW)  # redelivered
     assert not skips_duplicate_lookup(Msg(fresh_headers()), request(NOW - FRESH_WINDOW_S - 0.1), NOW)  # waited
     assert not skips_duplicate_lookup(Msg(fresh_headers()), request(NOW + 5), NOW)  # a clock far ahead
+    assert skips_duplicate_lookup(Msg(fresh_headers()), request(NOW + 0.2), NOW)  # the gateway's a little ahead
 
 
 def test_a_message_without_jetstream_metadata_runs_the_lookup():
