@@ -83,8 +83,8 @@ async def setup_registry(url: str, adapters: dict[str, Path]) -> str:
             form = {"tenant": "bench", "adapter": adapter, "base_model": BASE}
             reply = await admin.post("/v1/adapters", data=form, files=adapter_files(path))
             number = reply.raise_for_status().json()["version"]["number"]
-            url = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
-            (await admin.post(url, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()
+            activate = f"/v1/tenants/bench/adapters/{adapter}/versions/{number}/activate"
+            (await admin.post(activate, json={"actor": "bench", "reason": "bench_vs_vllm"})).raise_for_status()
     return key
 
 
