@@ -62,6 +62,9 @@ class ActiveSetPublisher:
         self.state = ConnectionState("active adapter set (PostgreSQL or NATS)")
         self._written: dict[str, str] | None = None  # what the bucket holds, as far as this registry knows
         self._wake = asyncio.Event()
+        self.round_timeout_s = max(60.0, every_s)
+        self.rounds = 0  # completed rounds, and failed ones: what a test or an operator asks when the set lags
+        self.failures = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -72,19 +75,30 @@ class ActiveSetPublisher:
             # wakes the next round at once instead of waiting `every_s` (a CI run's activation waited 30 s).
             self._wake.clear()
             try:
-                put, deleted = await self.sync_once()
+                # Bounded: a round that hangs (a request nats-py never answers across a reconnect) is a failed
+                # round the next one retries, not a publisher that silently stops (a CI run saw no round in 45 s).
+                async with asyncio.timeout(self.round_timeout_s):
+                    put, deleted = await self.sync_once()
                 if put or deleted:
                     log.info("active adapter set: %d written, %d deleted", put, deleted)
                 self.state.ok()
-            except asyncio.CancelledError:
-                raise
+                self.rounds += 1
+            except asyncio.CancelledError as exc:
+                if asyncio.current_task().cancelling():
+                    raise  # the registry stops
+                # A request future nats-py cancelled when its connection went: a failed round, not our end.
+                self._round_failed(exc)
             except Exception as exc:
-                self._written = None  # read the bucket again: a restarted broker may have lost writes
-                self.state.failed(exc)
+                self._round_failed(exc)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.every_s)
             except TimeoutError:
                 pass
+
+    def _round_failed(self, exc: BaseException) -> None:
+        self._written = None  # read the bucket again: a restarted broker may have lost writes
+        self.failures += 1
+        self.state.failed(exc)
 
     async def sync_once(self) -> tuple[int, int]:
         """Bring the bucket to the database's active versions; returns (written, deleted)."""

@@ -34,3 +34,36 @@ async def test_a_wake_during_a_round_runs_the_next_round_at_once():
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def _rounds_until(publisher, sync_once, done) -> asyncio.Task:
+    publisher.sync_once = sync_once
+    task = asyncio.create_task(publisher.run())
+    for _ in range(60):
+        if done() or task.done():
+            break
+        await asyncio.sleep(0.05)
+    return task
+
+
+async def test_a_round_that_hangs_or_is_cancelled_under_it_is_a_failed_round_and_the_next_one_runs():
+    publisher = ActiveSetPublisher(sessions=None, link=None, every_s=0.05)
+    publisher.round_timeout_s = 0.2
+    calls = []
+
+    async def sync_once() -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # a request nobody answers
+        if len(calls) == 2:
+            raise asyncio.CancelledError  # a request future nats-py cancelled as its connection went
+        return 0, 0
+
+    task = await _rounds_until(publisher, sync_once, lambda: publisher.rounds >= 1)
+    try:
+        assert not task.done(), "the publisher stopped on a failed round"
+        assert publisher.failures == 2 and publisher.rounds >= 1, (publisher.failures, publisher.rounds)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled(), "the registry's own stop must still end the publisher"

@@ -21,13 +21,21 @@ from tests.integration.registry.conftest import create_database, registry_settin
 pytestmark = pytest.mark.integration
 
 
-async def _until(predicate, what: str, timeout_s: float = 45.0):
+async def _until(predicate, what: str, timeout_s: float = 45.0, detail=lambda: ""):
     # 45 s: a registry starting on a loaded 2-core CI machine took over 15 s to its first round (CI of 3f64895).
     deadline = time.monotonic() + timeout_s
     while not (got := await predicate()):
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s:.0f}s"
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s:.0f}s {detail()}"
         await asyncio.sleep(0.2)
     return got
+
+
+def _publisher(registry) -> str:
+    """What the registry's publisher did: a lagging set says whether rounds ran, failed or stopped."""
+    publisher = registry.service.active_set
+    task = next(t for t in registry.service._tasks if t.get_name() == "active-set")
+    ended = f"ended ({task.exception() if not task.cancelled() else 'cancelled'})" if task.done() else "running"
+    return f"(publisher: {publisher.rounds} rounds, {publisher.failures} failed, task {ended})"
 
 
 async def _push_active(registry, tenant: str, path) -> dict:
@@ -61,7 +69,11 @@ async def test_activation_writes_and_retirement_deletes_the_version_in_the_activ
 
         settings = registry_settings(connections, await create_database(connections), active_set_every_s=1.0)
         async with running_registry(settings) as registry:
-            await _until(lambda: gone(stray), "the stray value removed by the registry's first round")
+            await _until(
+                lambda: gone(stray),
+                "the stray value removed by the registry's first round",
+                detail=lambda: _publisher(registry),
+            )
             tenant = f"active-{uuid.uuid4().hex[:6]}"
             await registry.create_tenant(tenant)
             v1 = await _push_active(registry, tenant, good)
