@@ -62,8 +62,8 @@ class ActiveSetPublisher:
         self.state = ConnectionState("active adapter set (PostgreSQL or NATS)")
         self._written: dict[str, str] | None = None  # what the bucket holds, as far as this registry knows
         self._wake = asyncio.Event()
-        self.round_timeout_s = max(60.0, every_s)
-        self.rounds = 0  # completed rounds, and failed ones: what a test or an operator asks when the set lags
+        self.round_timeout_s = max(15.0, every_s)  # a round done in part keeps its writes: the next one goes on
+        self.rounds = 0  # completed rounds and failed ones: what a test or an operator asks when the set lags
         self.failures = 0
 
     def wake(self) -> None:
