@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from libs import eventloop
 from libs.logs import setup_logging
 from services.eval_gate.app import EvalGate
 from services.eval_gate.settings import EvalGateSettings
@@ -27,7 +28,7 @@ async def serve(settings: EvalGateSettings) -> None:
 def main() -> None:
     settings = EvalGateSettings.load()
     setup_logging("eval-gate", settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    eventloop.run(serve(settings))
 
 
 if __name__ == "__main__":  # vLLM's engine core is a spawned process: keep this guard

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from libs import eventloop
 from libs.logs import setup_logging
 from services.trainer.app import Trainer
 from services.trainer.settings import TrainerSettings
@@ -24,7 +25,7 @@ async def serve(settings: TrainerSettings) -> None:
 def main() -> None:
     settings = TrainerSettings.load()
     setup_logging("trainer", settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    eventloop.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import sys
 
+from libs import eventloop
 from libs.logs import setup_logging
 from services.worker.app import Worker
 from services.worker.heartbeat import WorkerIdInUse
@@ -34,7 +35,7 @@ async def serve(settings: WorkerSettings) -> None:
 def main() -> None:
     settings = WorkerSettings.load()
     setup_logging("worker", settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    eventloop.run(serve(settings))
 
 
 if __name__ == "__main__":  # vLLM's engine core is a spawned process: keep this guard
