@@ -42,8 +42,14 @@ class PullConsumer:
         poll_s: float = 1.0,
         max_batch: int = 16,
         after_failure: Callable[[], Awaitable[None]] | None = None,
+        gather_s: float | None = None,
     ) -> None:
         self.sub = sub
+        # Set: once a message arrives, what else arrives within gather_s (up to `room`) is delivered with it,
+        # for a consumer that would rather handle fewer, bigger deliveries than each message the moment it is
+        # stored (usage metering, one transaction per delivery: results a few ms apart came one per
+        # transaction). Idle pulls stay one long poll per poll_s.
+        self.gather_s = gather_s
         self.room = room
         self.deliver = deliver
         self.poll_s = poll_s
@@ -82,10 +88,17 @@ class PullConsumer:
         once its long poll gets a first message, nats-py waits for the rest of the batch until the poll
         expires, so a request arriving at an idle consumer sat up to `poll_s` in the client (the TTFT
         gap to `vllm serve` once). In a burst: whatever else is stored, up to `room`, waiting at most
-        `FOLLOW_UP_S` (with nothing stored the burst is over and the next pull is a long poll again)."""
+        `FOLLOW_UP_S` (with nothing stored the burst is over and the next pull is a long poll again).
+        With `gather_s`: the first message and what follows it within gather_s, delivered together."""
         if in_burst:
-            return await self.sub.fetch(batch=room, timeout=FOLLOW_UP_S)
-        return await self.sub.fetch(batch=1, timeout=self.poll_s)
+            return await self.sub.fetch(batch=room, timeout=self.gather_s or FOLLOW_UP_S)
+        first = await self.sub.fetch(batch=1, timeout=self.poll_s)
+        if self.gather_s is None or room <= len(first):
+            return first
+        try:  # the rest of the burst that starts with this message
+            return first + await self.sub.fetch(batch=room - len(first), timeout=self.gather_s)
+        except Exception:  # nothing more came (or the broker went): what arrived is delivered all the same
+            return first
 
 
 def one_at_a_time(handle: Callable[[object], Awaitable[None]], retry_delay_s: float) -> tuple[Room, Deliver]:

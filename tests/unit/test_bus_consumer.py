@@ -69,6 +69,23 @@ async def test_idle_pulls_one_at_a_time_and_a_burst_takes_what_is_stored_up_to_t
     assert delivered == msgs[:5]
 
 
+async def test_a_gathering_consumer_delivers_a_first_message_with_what_follows_it_in_one_delivery():
+    msgs = [Msg(i) for i in range(6)]
+    sub = ScriptedSub([msgs[:1], msgs[1:4], msgs[4:6]])
+    deliveries: list[list[Msg]] = []
+
+    async def room() -> int:
+        return 8
+
+    async def deliver(batch: list) -> None:
+        deliveries.append(list(batch))
+
+    await run_briefly(PullConsumer(sub, "usage", room=room, deliver=deliver, poll_s=0.5, gather_s=0.05))
+    # idle stays one long poll for one message; then the rest of its burst within gather_s, room permitting
+    assert sub.calls[:3] == [(1, 0.5), (7, 0.05), (8, 0.05)]
+    assert deliveries[:2] == [msgs[:4], msgs[4:6]]
+
+
 async def test_room_bounds_every_pull_and_everything_is_delivered_once():
     msgs = [Msg(i) for i in range(10)]
     sub = ScriptedSub([msgs[:1], msgs[1:3], msgs[3:4], msgs[4:]])
