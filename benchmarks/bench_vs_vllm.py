@@ -236,7 +236,7 @@ class Bench:
 
     async def __aenter__(self):
         self.adapters = make_adapters(self.base, self.state / "adapters")
-        self.stack = Stack(StackConfig(dir=self.state / "stack"))
+        self.stack = Stack(StackConfig(dir=self.state / "stack", nats_sync=getattr(self.args, "nats_sync", "")))
         self.stack.up()
         # The registry as its own process, as deployed: inside this client's event loop it answered the
         # gateway's lookups late while the client drove load, and its CPU counted as the client's.
@@ -334,6 +334,12 @@ def main() -> int:
         action="append",
         default=[],
         help="KEY=VALUE for the worker (experiments; the headline runs on defaults)",
+    )
+    parser.add_argument(
+        "--nats-sync",
+        default="",
+        help="the broker's JetStream sync_interval (experiments: 'default' shows what fsync per message costs;"
+        " the headline runs on the stack's default, 'always' on one node)",
     )
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = parser.parse_args()
