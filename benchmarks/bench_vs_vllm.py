@@ -236,7 +236,8 @@ class Bench:
 
     async def __aenter__(self):
         self.adapters = make_adapters(self.base, self.state / "adapters")
-        self.stack = Stack(StackConfig(dir=self.state / "stack", nats_sync=getattr(self.args, "nats_sync", "")))
+        sync = getattr(self.args, "nats_sync", "")  # unset: the stack's default, or LPX_STACK_NATS_SYNC
+        self.stack = Stack(StackConfig(dir=self.state / "stack", **({"nats_sync": sync} if sync else {})))
         self.stack.up()
         # The registry as its own process, as deployed: inside this client's event loop it answered the
         # gateway's lookups late while the client drove load, and its CPU counted as the client's.
