@@ -64,7 +64,8 @@ class ActiveSetPublisher:
         self._written: dict[str, str] | None = None  # what the bucket holds, as far as this registry knows
         self._wake = asyncio.Event()
         self.round_timeout_s = max(15.0, every_s)  # a round done in part keeps its writes: the next one goes on
-        self.rounds = 0  # completed rounds and failed ones: what a test or an operator asks when the set lags
+        # Completed and failed rounds: what a test or an operator asks when the set lags behind the database.
+        self.rounds = 0
         self.failures = 0
 
     def wake(self) -> None:
@@ -77,7 +78,7 @@ class ActiveSetPublisher:
             self._wake.clear()
             try:
                 # Bounded: a round that hangs (a request nats-py never answers across a reconnect) is a failed
-                # round the next one retries, not a publisher that silently stops (a CI run saw no round in 45 s).
+                # round the next one retries, not a publisher that silently stops.
                 async with asyncio.timeout(self.round_timeout_s):
                     put, deleted = await self.sync_once()
                 if put or deleted:
