@@ -9,7 +9,6 @@ dead-letter and de-duplicate over NATS JetStream.
 - `dead_letters`: the dead-letter record and publisher (reason kept, payload bounded).
 - `recent_ids`: the bounded set of recently answered request ids (gateway and worker).
 - `state`: one log line per change of a connection's state.
-- `kv_contents`: everything a KV bucket holds, read once and completely.
 - `faststream_broker`: the FastStream broker the registry serves its request/reply subjects with.
 
 Why one in-house pull loop rather than FastStream subscribers for the JetStream work queues:

@@ -18,9 +18,9 @@ import asyncio
 import logging
 
 from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import KeyNotFoundError
 from sqlmodel import select
 
-from libs.bus.kv_contents import bucket_contents
 from libs.bus.state import ConnectionState
 from libs.contracts import AdapterRef, subjects
 from services.registry.models import AdapterVersion, VersionStatus
@@ -107,9 +107,7 @@ class ActiveSetPublisher:
         refs = await active_refs(self.sessions)
         kv = await self.link.js.key_value(subjects.ACTIVE_ADAPTERS_BUCKET)
         if self._written is None:
-            # Read whole (libs/bus/kv_contents.py: a watch's "no more" marker can come before its values).
-            held = await bucket_contents(self.link.js, subjects.ACTIVE_ADAPTERS_BUCKET)
-            self._written = {digest: value.decode() for digest, value in held.items()}
+            self._written = await _bucket_contents(self.link.js, kv)
         put = deleted = 0
         for digest, ref in refs.items():
             if self._written.get(digest) != ref:
@@ -121,3 +119,22 @@ class ActiveSetPublisher:
             del self._written[digest]
             deleted += 1
         return put, deleted
+
+
+async def _bucket_contents(js, kv) -> dict[str, str]:
+    """key -> value of every key the bucket holds: its subjects from the stream's per-subject counts, then one
+    get per key. Not `kv.watchall()` until its "no more" marker: nats-py sends that marker when a
+    consumer_info says nothing is pending and no message has arrived yet, which can happen before the
+    consumer's first messages reach the client; the registry then read an empty bucket, never deleted
+    what the bucket held, and logged nothing (a CI run's stray value stayed for 45 s)."""
+    prefix = f"$KV.{subjects.ACTIVE_ADAPTERS_BUCKET}."
+    info = await js.stream_info(f"KV_{subjects.ACTIVE_ADAPTERS_BUCKET}", subjects_filter=f"{prefix}>")
+    contents: dict[str, str] = {}
+    for subject in info.state.subjects or {}:
+        key = subject.removeprefix(prefix)
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # its last message is a delete (KeyDeletedError is one too)
+            continue
+        contents[key] = entry.value.decode()
+    return contents

@@ -18,7 +18,6 @@ import uuid
 import httpx
 import pytest
 
-from libs.bus.kv_contents import bucket_contents
 from libs.contracts import AdapterRef, AdapterTier, subjects
 from libs.fleet import FleetSpec
 from libs.fleetview.sources import read_heartbeats
@@ -39,8 +38,12 @@ async def _resident(js) -> dict[str, set[str]]:
 
 async def _active(js) -> set[str]:
     """The registry's active versions a worker of the fleet's pool may serve (base model, rank)."""
-    held = await bucket_contents(js, subjects.ACTIVE_ADAPTERS_BUCKET)
-    refs = [AdapterRef.model_validate_json(value) for value in held.values()]
+    kv = await js.key_value(subjects.ACTIVE_ADAPTERS_BUCKET)
+    refs = []
+    watcher = await kv.watchall(ignore_deletes=True)
+    while (entry := await watcher.updates(timeout=10)) is not None:
+        refs.append(AdapterRef.model_validate_json(entry.value))
+    await watcher.stop()
     return {r.digest for r in refs if r.base_model == FleetSpec.base_model and r.rank <= 16}
 
 
