@@ -73,6 +73,10 @@ class ActiveSetPublisher:
 
     async def run(self) -> None:
         while True:
+            if asyncio.current_task().cancelling():
+                # A cancel that Python 3.11's wait_for swallowed (its future done at the same moment): the
+                # registry is stopping and awaits this task, so end here rather than run rounds for ever.
+                raise asyncio.CancelledError
             # Cleared before the database is read, not after: a commit while this round reads or writes
             # wakes the next round at once instead of waiting `every_s` (a CI run's activation waited 30 s).
             self._wake.clear()

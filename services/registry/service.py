@@ -5,7 +5,6 @@ workers' placement) and the orphan sweeper."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from sqlalchemy import text
@@ -145,9 +144,13 @@ class RegistryService:
         await asyncio.gather(*self._consumers, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:  # bounded: a task that swallowed its cancel must not hold the stop for ever
+            done, stuck = await asyncio.wait(self._tasks, timeout=10)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved, as the former `await task` did (each logs its own errors)
+            for task in stuck:
+                log.warning("background task %s did not stop within 10 s; left behind", task.get_name())
         if self.ctx is not None and self.ctx.nats_access is not None:
             await self.ctx.nats_access.stop()
         if self.broker is not None:
