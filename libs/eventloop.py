@@ -20,3 +20,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:  # an install without it (e.g. a platform uvloop does not build for) runs as before
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def end_if_cancelling() -> None:
+    """Raise CancelledError when the current task is being cancelled. For a service's background loop
+    to call after a step that catches errors: Python 3.11's `asyncio.wait_for` can swallow a cancel that
+    arrives as its future completes (fixed in 3.12), and nats-py's requests use it, so the cancel of a
+    stopping service may never be raised inside the step. The task's `cancelling()` count still says so."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

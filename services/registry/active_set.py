@@ -23,6 +23,7 @@ from sqlmodel import select
 
 from libs.bus.state import ConnectionState
 from libs.contracts import AdapterRef, subjects
+from libs.eventloop import end_if_cancelling
 from services.registry.models import AdapterVersion, VersionStatus
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,8 @@ class ActiveSetPublisher:
 
     async def run(self) -> None:
         while True:
-            if asyncio.current_task().cancelling():
-                # A cancel that Python 3.11's wait_for swallowed (its future done at the same moment): the
-                # registry is stopping and awaits this task, so end here rather than run rounds for ever.
-                raise asyncio.CancelledError
+            # A cancel that Python 3.11's wait_for swallowed: the registry is stopping and awaits this task.
+            end_if_cancelling()
             # Cleared before the database is read, not after: a commit while this round reads or writes
             # wakes the next round at once instead of waiting `every_s` (a CI run's activation waited 30 s).
             self._wake.clear()
@@ -96,6 +95,7 @@ class ActiveSetPublisher:
                 self._round_failed(exc)
             except Exception as exc:
                 self._round_failed(exc)
+            end_if_cancelling()  # before the wait, not after it: a stopping registry waits for this task
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.every_s)
             except TimeoutError:

@@ -18,6 +18,7 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from libs.contracts import AdapterEvent, subjects
+from libs.eventloop import end_if_cancelling
 from services.registry.db import Sessions, transaction
 from services.registry.models import OutboxEvent, utcnow
 
@@ -83,6 +84,7 @@ class OutboxRelay:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
+            end_if_cancelling()  # a cancel Python 3.11's wait_for swallowed inside the batch
             if published < self.batch:
                 await self._sleep_until_woken()
 

@@ -12,6 +12,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from libs.bus.faststream_broker import make_broker
 from libs.bus.link import BrokerLink
+from libs.eventloop import end_if_cancelling
 from libs.objectstore import ObjectStore
 from services.registry import eval_context, eval_events, orphans, resolver, usage
 from services.registry.active_set import ActiveSetPublisher, active_set_bucket_config
@@ -122,6 +123,7 @@ class RegistryService:
                 raise
             except Exception as exc:
                 log.warning("orphan sweep failed: %s", exc)
+            end_if_cancelling()  # a cancel Python 3.11's wait_for swallowed inside the sweep
             await asyncio.sleep(SWEEP_EVERY_S)
 
     async def ready(self) -> tuple[bool, dict[str, str]]:

@@ -67,3 +67,27 @@ async def test_a_round_that_hangs_or_is_cancelled_under_it_is_a_failed_round_and
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled(), "the registry's own stop must still end the publisher"
+
+
+async def test_a_cancel_swallowed_inside_a_round_still_ends_the_publisher_at_once():
+    # Python 3.11's wait_for (under nats-py's requests) can swallow a cancel that arrives as its future
+    # completes: the round then returns normally. The publisher must end before its every_s wait, since the
+    # stopping registry waits for it.
+    publisher = ActiveSetPublisher(sessions=None, link=None, every_s=30.0)
+    entered = asyncio.Event()
+
+    async def sync_once() -> tuple[int, int]:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed, as the 3.11 wait_for race does
+        return 0, 0
+
+    publisher.sync_once = sync_once
+    task = asyncio.create_task(publisher.run())
+    await entered.wait()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2.0)
+    assert task in done, "the publisher went on to its 30 s wait after a swallowed cancel"
+    assert task.cancelled()

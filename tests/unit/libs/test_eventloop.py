@@ -52,3 +52,23 @@ def test_without_uvloop_it_runs_on_asyncios_loop(monkeypatch):
 
     monkeypatch.setattr(eventloop.asyncio, "run", fake_asyncio_run)
     assert eventloop.run(_loop_module()) == "asyncio" and ran
+
+
+async def test_end_if_cancelling_raises_only_in_a_task_being_cancelled():
+    eventloop.end_if_cancelling()  # not being cancelled: nothing happens
+    reached = []
+
+    async def swallows_then_checks() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # the cancel is swallowed, the task's cancelling() count remains
+        reached.append("after")
+        eventloop.end_if_cancelling()
+        reached.append("not reached")
+
+    task = asyncio.create_task(swallows_then_checks())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and reached == ["after"]
