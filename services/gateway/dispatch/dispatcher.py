@@ -22,7 +22,7 @@ from services.gateway import errors
 from services.gateway.dispatch import reassembly
 from services.gateway.dispatch.admission import Admission
 from services.gateway.dispatch.delivery import Delivery
-from services.gateway.dispatch.job import BASE_TOKEN, Job
+from services.gateway.dispatch.job import BASE_TOKEN, DeltaQueue, Job
 from services.gateway.dispatch.ledger import InFlight
 from services.gateway.dispatch.publishing import Publisher
 from services.gateway.dispatch.routing import Routing
@@ -179,7 +179,7 @@ class Dispatcher:
             expected_digest=request.adapter.digest if request.adapter else None,
             worker=decision.worker,
             future=asyncio.get_running_loop().create_future(),
-            deltas=asyncio.Queue() if stream else None,
+            deltas=DeltaQueue() if stream else None,
             decision=decision,
         )
         self.ledger.track(job)

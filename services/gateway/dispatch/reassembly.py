@@ -8,7 +8,6 @@ worker) is an error, never a spliced answer."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -59,15 +58,11 @@ async def events(
 
 
 async def _next_delta(job: Job, deadline: float, abandon: Callable[[Job], None]) -> TokenDelta | None:
-    """The next delta, or None once the result came first. Only an empty queue is waited on: a delta
-    already queued (a batch of them arrives per engine step) is taken without a waiting task."""
+    """The next delta, or None once the result came first (or a wait ended at the deadline, which the next
+    call raises). Only an empty queue is waited on: a batch of deltas arrives per engine step."""
     remaining = deadline - time.time()
     if remaining <= 0:
         abandon(job)
         raise errors.deadline(deadline - job.request.submitted_at)
-    getter = asyncio.ensure_future(job.deltas.get())
-    done, _ = await asyncio.wait({getter, job.future}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
-    return None
+    await job.deltas.wait(job.future, remaining)
+    return None if job.deltas.empty() else job.deltas.get_nowait()

@@ -246,6 +246,43 @@ async def test_streamed_logprobs_are_completed_by_the_final_result():
     assert [t for e in events[:-1] for t in e.logprobs] == tokens  # every token's logprob once, in order
 
 
+async def test_a_waiting_stream_gets_each_delta_as_it_comes_and_ends_at_its_deadline():
+    """The reader waits on an empty queue (services/gateway/dispatch/job.DeltaQueue): woken by a delta, by
+    the final result, and by nothing at the deadline (504, and the job is no longer tracked)."""
+    from libs.contracts import TokenDelta
+
+    d, _, _, _ = make()
+    job = await d.submit(request("r1"), rank=16, stream=True)
+    seen: list[str] = []
+
+    async def read() -> list:
+        events = []
+        async for event in d.events(job, time.time() + 5):
+            events.append(event)
+            seen.append(getattr(event, "text", ""))
+        return events
+
+    reader = asyncio.create_task(read())
+    for i, piece in enumerate(["ah", "o"]):
+        await asyncio.sleep(0.02)  # the reader is waiting on an empty queue
+        delta = TokenDelta(request_id="r1", index=i, text=piece).model_dump_json().encode()
+        await d._on_token(Msg(delta, subject=subjects.tokens("r1")))
+        await asyncio.sleep(0.01)
+        assert seen[-1] == piece, "a delta did not wake the waiting reader"
+    await asyncio.sleep(0.02)
+    await d._on_result(result("r1", REF.digest))
+    events = await asyncio.wait_for(reader, 2)
+    assert [e.text for e in events[:-1]] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
+
+    quiet = await d.submit(request("r2"), rank=16, stream=True)
+    started = time.monotonic()
+    with pytest.raises(GatewayError) as info:
+        async for _ in d.events(quiet, time.time() + 0.2):
+            pass
+    assert info.value.status == 504 and 0.15 < time.monotonic() - started < 2.0
+    assert "r2" not in d.jobs
+
+
 def test_baseline_policies_route_by_the_same_loads():
     d, _js, _pools, _reader = make(("w1", "w2", "w3"))
     d.routing_policy = "least_loaded"
