@@ -51,7 +51,11 @@ async def sse(
             if not got_text:
                 gw.metrics.ttft_s.record(time.perf_counter() - started, attrs)
                 got_text = True
-            yield _data(reply.chunk(event.text, None, first=first, lps=reply.logprobs(event.logprobs, streamed)))
+            lps = reply.logprobs(event.logprobs, streamed)
+            if first or lps is not None:
+                yield _data(reply.chunk(event.text, None, first=first, lps=lps))
+            else:  # the common chunk, one per token: from a template, not three pydantic models
+                yield reply.text_event(event.text)
             streamed += len(event.text)
             first = False
         yield "data: [DONE]\n\n"

@@ -72,3 +72,23 @@ def test_model_list():
             {"id": "support", "object": "model", "created": 0, "owned_by": "acme"},
         ],
     }
+
+
+def test_a_text_chunk_from_the_template_is_byte_for_byte_the_models_own():
+    texts = [
+        "",
+        "ahoy",
+        ' "quoted" \\ back',
+        "line\nbreak\ttab\r\b\f",
+        "\x00\x01\x1f\x7f",
+        "é 漢字 🦙",
+        "\u2028\u2029",
+        "</s>",
+    ]
+    models = ["support", 'odd "model" \u2063lpx-text\u2063 name']
+    for kind in ("chat", "completion"):
+        for model in models:
+            reply = Reply(kind, "r9", model, None, created=7)
+            for text in texts:
+                assert reply.text_event(text) == _data(reply.chunk(text, None)), (kind, model, text)
+                assert json.loads(reply.text_event(text)[len("data: ") :])["model"] == model
