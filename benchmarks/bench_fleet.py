@@ -32,15 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
 import os
-import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,11 +43,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from benchmarks.fleet_analysis import Sample, summarise
+from benchmarks.fleet_report import render
 from benchmarks.registry_inproc import adapter_files, admin_http, registry_process
-from libs.contracts import AdapterTier, InferenceResult, subjects
+from libs.contracts import subjects
 from libs.fleet import Fleet, FleetSpec
 from libs.models.bootstrap import fetch
-from libs.routing import DEFAULT_BALANCE_FACTOR, load_bound
+from libs.routing import DEFAULT_BALANCE_FACTOR
 from libs.settings import ConnectionSettings
 from libs.simulator.config import SimConfig
 from libs.simulator.runner import run_comparison
@@ -98,15 +95,6 @@ async def setup_registry(url: str, adapters: list[Path]) -> tuple[str, dict[str,
 
 
 # --- traffic ----------------------------------------------------------------------------------------
-@dataclass
-class Sample:
-    alias: str
-    measured: bool
-    result: InferenceResult | None = None
-    latency_s: float = 0.0
-    rid: str = ""
-
-
 async def drive(client, key: str, stream, aliases: list[str], args, on_tick=None) -> list[Sample]:
     """Send the stream at its arrival times (async submissions); gather every result."""
     samples, waits = [], []
@@ -136,96 +124,6 @@ async def drive(client, key: str, stream, aliases: list[str], args, on_tick=None
         waits.append(asyncio.create_task(one(sample)))
     await asyncio.gather(*waits)
     return samples
-
-
-# --- analysis ---------------------------------------------------------------------------------------
-def assignment_loads(samples: list[Sample], workers: int, c: float, *, at_worker: bool = False) -> dict:
-    """Each worker's in-flight load at every measured assignment, from the requests' own stamps:
-    assigned at the gateway (fetched_at - queue_s), or (`at_worker`) when the worker that ran it took it
-    (fetched_at); done when the worker published the result."""
-
-    def assigned(t) -> float:
-        return t.fetched_at if at_worker else t.fetched_at - t.queue_s
-
-    spans = defaultdict(list)  # worker -> [(assigned, done)]
-    for s in samples:
-        t = s.result.timings
-        if s.result.ok and t.fetched_at and t.result_sent_at:
-            spans[s.result.worker_id].append((assigned(t), t.result_sent_at))
-    every = [(a, d) for lst in spans.values() for a, d in lst]
-    ratios, violations, assignments = [], [], 0
-    for s in samples:
-        t = s.result.timings
-        if not (s.measured and s.result.ok and t.fetched_at):
-            continue
-        at = assigned(t)
-        mine = sum(1 for a, d in spans[s.result.worker_id] if a < at < d)
-        total = sum(1 for a, d in every if a < at < d)
-        after = mine + 1
-        if after > load_bound(total, workers, c):
-            violations.append(_violation(s.result.worker_id, at, after, total, workers, c, spans))
-        ratios.append(after * workers / (total + 1))
-        assignments += 1
-    return {
-        "assignments": assignments,
-        "bound_violations": len(violations),
-        "bound_violation_details": violations,
-        "assigned_load_ratio_max": max(ratios, default=0.0),
-        "assigned_load_ratio_p99": _pct(ratios, 99),
-    }
-
-
-def _violation(worker: str, at: float, after: int, total: int, workers: int, c: float, spans: dict) -> dict:
-    """One assignment over the bound, with what explains it: how long before it another worker's request
-    ended (the taker counts that worker's load as last reported) and the bound had one more been in flight."""
-    others_ended = [d for w, lst in spans.items() if w != worker for _, d in lst if d <= at]
-    return {
-        "worker": worker,
-        "at": at,
-        "load_after": after,
-        "pool_in_flight": total,
-        "bound": load_bound(total, workers, c),
-        "bound_one_more_in_flight": load_bound(total + 1, workers, c),
-        "ms_since_another_worker_answered": round((at - max(others_ended)) * 1000, 1) if others_ended else None,
-    }
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(math.ceil(q / 100 * len(ordered))) - 1)]
-
-
-def summarise(samples: list[Sample], workers: int, c: float) -> dict:
-    measured = [s for s in samples if s.measured]
-    n = len(measured)
-    tiers = [s.result.adapter_tier for s in measured if s.result.ok]
-    per_1k = 1000.0 / n if n else 0.0
-    cold = sum(t in (AdapterTier.DISK, AdapterTier.OBJECT_STORE) for t in tiers)
-    from_s3 = sum(t == AdapterTier.OBJECT_STORE for t in tiers)
-    host = sum(t == AdapterTier.CPU for t in tiers)
-    latencies = [s.latency_s for s in measured if s.result.ok]
-    return {
-        "requests": n,
-        "errors": sum(not s.result.ok for s in measured),
-        "error_reasons": error_reasons(measured),
-        "loads_per_1000": (cold + host) * per_1k,
-        "cold_loads_per_1000": cold * per_1k,
-        "object_fetches_per_1000": from_s3 * per_1k,
-        "slot_hit_rate": sum(t == AdapterTier.GPU for t in tiers) / n if n else 0.0,
-        "latency_p50_s": statistics.median(latencies) if latencies else 0.0,
-        "latency_p99_s": _pct(latencies, 99),
-        **assignment_loads(samples, workers, c),
-        **_at_worker(assignment_loads(samples, workers, c, at_worker=True)),
-    }
-
-
-def _at_worker(loads: dict) -> dict:
-    return {
-        "bound_violations_at_worker": loads["bound_violations"],
-        "bound_violation_details_at_worker": loads["bound_violation_details"],
-    }
 
 
 class _WorkersPlacement(BaseSettings):
@@ -311,16 +209,6 @@ async def run_policy(
     return summary, samples
 
 
-def error_reasons(samples: list[Sample], top: int = 5) -> dict[str, int]:
-    """The most frequent errors answered, by code and message (a benchmark's errors must be explainable)."""
-    reasons = Counter(
-        f"{s.result.error.code}: {s.result.error.message[:120]}" if s.result.error else "no error info"
-        for s in samples
-        if not s.result.ok
-    )
-    return dict(reasons.most_common(top))
-
-
 def routing_of(policy: str) -> str:
     """The gateways' routing policy of a benchmark policy (bounded_load_approx routes as bounded_load)."""
     return "bounded_load" if policy == "bounded_load_approx" else policy
@@ -394,100 +282,6 @@ async def main_async(args) -> dict:
         "predicted_with_handoffs": predicted_handoffs,
         "faults": faults,
     }
-
-
-# --- report -----------------------------------------------------------------------------------------
-FIGURES = (
-    ("loads_per_1000", "loads/1k", "{:.1f}"),
-    ("cold_loads_per_1000", "cold/1k", "{:.1f}"),
-    ("object_fetches_per_1000", "S3/1k", "{:.1f}"),
-    ("slot_hit_rate", "slot hits", "{:.2f}"),
-    ("assigned_load_ratio_max", "max/mean", "{:.2f}"),
-    ("bound_violations", "bound viol.", "{:.0f}"),
-    ("bound_violations_at_worker", "viol. at worker", "{:.0f}"),
-    ("passed_on_per_1000", "passed on/1k", "{:.1f}"),
-    ("kept_over_bound", "kept over", "{:.0f}"),
-    ("latency_p50_s", "p50 s", "{:.2f}"),
-    ("latency_p99_s", "p99 s", "{:.2f}"),
-)
-
-
-def render(report: dict, out: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 200)  # a log file: the whole table, unwrapped
-    c = report["config"]
-    table = Table(
-        title=f"fleet: {c['gateways']} gateways, {c['workers']} simulated workers, {c['adapters']} "
-        f"adapters, {c['rate']} req/s Zipf (measured | simulator, placed as the workers place | ratio)"
-    )
-    table.add_column("policy")
-    for _, label, _fmt in FIGURES:
-        table.add_column(label, justify="right")
-    for policy, m in report["measured"].items():
-        p = report["predicted"].get(policy, {})
-        cells = []
-        for key, _label, fmt in FIGURES:
-            ratio = m[key] / p[key] if p.get(key) else float("nan")
-            cells.append(f"{fmt.format(m[key])} | {fmt.format(p.get(key, float('nan')))} | {ratio:.2f}")
-        table.add_row(policy, *cells)
-    console.print(table)
-    for policy, p in report.get("predicted_without_placement", {}).items():
-        console.print(
-            f"simulator without placement, {policy}: cold/1k {p['cold_loads_per_1000']:.1f}, "
-            f"S3/1k {p['object_fetches_per_1000']:.1f}"
-        )
-    for policy, p in report.get("predicted_with_handoffs", {}).items():
-        console.print(
-            f"simulator with the workers' hand-offs measured ({p['passed_on_per_1000']:.1f}/1k, at the bound), "
-            f"{policy}: loads/1k {p['loads_per_1000']:.1f}, cold/1k {p['cold_loads_per_1000']:.1f}, "
-            f"S3/1k {p['object_fetches_per_1000']:.1f}, p99 {p['latency_p99_s']:.2f} s"
-        )
-    for policy, m in report["measured"].items():
-        for reason, count in m.get("error_reasons", {}).items():
-            console.print(f"{policy}: {count} answered with an error: {reason}")
-        for v in m.get("bound_violation_details_at_worker", []):
-            console.print(
-                f"{policy}: {v['worker']} took a request over the bound ({v['load_after']} > {v['bound']}, "
-                f"{v['pool_in_flight']} in flight); another worker answered {v['ms_since_another_worker_answered']} ms "
-                f"before (bound with one more in flight: {v['bound_one_more_in_flight']})"
-            )
-    f = report["faults"]
-    if f:
-        console.print(
-            f"fault run (bounded_load, 1 gateway + {c['workers'] // 4} workers SIGKILLed mid-run): "
-            f"{f['submissions']} submissions, lost {f['lost']}, duplicated {f['duplicated']}"
-            + "".join(f"\n  lost: {reason}" for reason in f["lost_reasons"])
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fleet.json").write_text(json.dumps(report, indent=2, default=str))
-    _plot(report, out / "fleet.png")
-    console.print(f"wrote {out / 'fleet.json'} and {out / 'fleet.png'}")
-
-
-def _plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    policies = list(report["measured"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (key, label, _fmt) in zip(axes, FIGURES[:3], strict=True):
-        xs = range(len(policies))
-        ax.bar([x - 0.2 for x in xs], [report["measured"][p][key] for p in policies], 0.4, label="measured")
-        ax.bar(
-            [x + 0.2 for x in xs],
-            [report["predicted"].get(p, {}).get(key, 0) for p in policies],
-            0.4,
-            label="simulator",
-        )
-        ax.set_xticks(list(xs), policies, fontsize=8)
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> int:

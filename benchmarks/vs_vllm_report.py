@@ -18,6 +18,8 @@ METRICS = (
     ("ttft_p50_s", "TTFT p50", False),
 )
 _STAGE_LINE = re.compile(r'^lpx_gateway_stage\w*_(sum|count)\{[^}]*stage="(\w+)"[^}]*\} (\S+)$')
+_FAIR_WAIT_LINE = re.compile(r"^lpx_gateway_fair_wait\w*_(sum|count)\{[^}]*\} (\S+)$")
+FAIR_WAIT = "fair_wait"  # part of gateway_in: waiting in the gateway's fair queue for a full pool
 
 
 async def scrape_stages(port: int) -> dict[tuple[str, str], float]:
@@ -29,6 +31,9 @@ async def scrape_stages(port: int) -> dict[tuple[str, str], float]:
         match = _STAGE_LINE.match(line)
         if match:
             found[(match.group(2), match.group(1))] = float(match.group(3))
+        elif match := _FAIR_WAIT_LINE.match(line):  # summed over tenants and tiers
+            key = (FAIR_WAIT, match.group(1))
+            found[key] = found.get(key, 0.0) + float(match.group(2))
     return found
 
 
@@ -42,14 +47,17 @@ def stage_means(before: dict, after: dict) -> dict[str, float]:
         total = after.get((stage, "sum"), 0.0) - before.get((stage, "sum"), 0.0)
         if count > 0:
             means[stage] = 1000 * total / count
+    requests = after.get(("reply", "count"), 0.0) - before.get(("reply", "count"), 0.0)
+    if requests > 0:  # over every request, as the stages are, not over those that waited
+        means[FAIR_WAIT] = 1000 * (after.get((FAIR_WAIT, "sum"), 0.0) - before.get((FAIR_WAIT, "sum"), 0.0)) / requests
     return means
 
 
 def added_ms(stages_ms: dict[str, float]) -> float:
     """What loraplex adds around the engine: every stage but prefill and decode (mean ms per request)."""
-    from services.gateway.timeline import ENGINE_STAGES
+    from services.gateway.timeline import ENGINE_STAGES, STAGES
 
-    return sum(v for k, v in stages_ms.items() if k not in ENGINE_STAGES)
+    return sum(v for k, v in stages_ms.items() if k in STAGES and k not in ENGINE_STAGES)
 
 
 def verdict(low: float, high: float, higher_is_better: bool) -> str:
@@ -148,6 +156,11 @@ def stages_markdown(rep: dict) -> str:
         lines.append(
             f"| {stage} | " + " | ".join(f"{rep['stages_ms'][m].get(stage, float('nan')):.1f}" for m in mixes) + " |"
         )
+    lines.append(
+        "| of gateway_in: fair-queue wait | "
+        + " | ".join(f"{rep['stages_ms'][m].get(FAIR_WAIT, float('nan')):.1f}" for m in mixes)
+        + " |"
+    )
     lines.append(
         "| added around the engine | " + " | ".join(f"{added_ms(rep['stages_ms'][m]):.1f}" for m in mixes) + " |"
     )

@@ -111,7 +111,7 @@ class ActiveSetPublisher:
         refs = await active_refs(self.sessions)
         kv = await self.link.js.key_value(subjects.ACTIVE_ADAPTERS_BUCKET)
         if self._written is None:
-            self._written = await _bucket_contents(self.link.js, kv)
+            self._written = await bucket_contents(self.link.js, kv)
         put = deleted = 0
         for digest, ref in refs.items():
             if self._written.get(digest) != ref:
@@ -125,7 +125,7 @@ class ActiveSetPublisher:
         return put, deleted
 
 
-async def _bucket_contents(js, kv) -> dict[str, str]:
+async def bucket_contents(js, kv) -> dict[str, str]:
     """key -> value of every key the bucket holds: its subjects from the stream's per-subject counts, then one
     get per key. Not `kv.watchall()` until its "no more" marker: nats-py sends that marker when a
     consumer_info says nothing is pending and no message has arrived yet, which can happen before the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.bench_fleet import Sample, assignment_loads
+from benchmarks.fleet_analysis import Sample, assignment_loads
 from libs.contracts import InferenceResult, Timings
 
 

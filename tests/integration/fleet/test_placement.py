@@ -22,6 +22,7 @@ from libs.contracts import AdapterRef, AdapterTier, subjects
 from libs.fleet import FleetSpec
 from libs.fleetview.sources import read_heartbeats
 from libs.routing import HashRing
+from services.registry.active_set import bucket_contents
 from tests.integration.fleet.conftest import POOL, push_many
 
 pytestmark = pytest.mark.integration  # simulated engines: no vLLM
@@ -39,11 +40,8 @@ async def _resident(js) -> dict[str, set[str]]:
 async def _active(js) -> set[str]:
     """The registry's active versions a worker of the fleet's pool may serve (base model, rank)."""
     kv = await js.key_value(subjects.ACTIVE_ADAPTERS_BUCKET)
-    refs = []
-    watcher = await kv.watchall(ignore_deletes=True)
-    while (entry := await watcher.updates(timeout=10)) is not None:
-        refs.append(AdapterRef.model_validate_json(entry.value))
-    await watcher.stop()
+    # Read as the registry reads it: a watch until nats-py's "no more" marker can end before its first entry.
+    refs = [AdapterRef.model_validate_json(v) for v in (await bucket_contents(js, kv)).values()]
     return {r.digest for r in refs if r.base_model == FleetSpec.base_model and r.rank <= 16}
 
 
