@@ -69,6 +69,7 @@ class OutboxRelay:
         state = ConnectionState("outbox relay (PostgreSQL or NATS)")
         backoff = self.poll_s
         while True:
+            end_if_cancelling()  # a cancel Python 3.11's wait_for swallowed in a batch, also one that then failed
             try:
                 published = await self.relay_once()
                 backoff = self.poll_s
@@ -84,7 +85,7 @@ class OutboxRelay:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
-            end_if_cancelling()  # a cancel Python 3.11's wait_for swallowed inside the batch
+            end_if_cancelling()  # before the wait too: a stopping registry waits for this task
             if published < self.batch:
                 await self._sleep_until_woken()
 
