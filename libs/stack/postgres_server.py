@@ -150,17 +150,19 @@ class PostgresServer(Server):
         return {"LPX_PG_DSN": self.endpoint()}
 
 
-def postgres_dir(state_dir: Path) -> Path:
+def postgres_dir(state_dir: Path, stack_id: str) -> Path:
     """Where PostgreSQL keeps its data: inside the state dir when the server's user can reach it.
 
     As root, PostgreSQL runs as `postgres`, which cannot enter e.g. a checkout under /root (mode 700).
-    Then its data goes to a directory named after the state dir under /var/tmp; stack.json records
-    it, `down` leaves it like the rest of the data, and `down --purge` deletes it.
+    Then its data goes to a directory under /var/tmp named after the state dir and the stack's own
+    random id; stack.json records it, `down` leaves it like the rest of the data, and `down --purge`
+    deletes it. The id matters: a state dir deleted without `--purge` leaves its data behind, and a
+    new stack at the same path must not pick up that cluster, whose password it does not know.
     """
     default = state_dir / "postgres"
     if os.geteuid() != 0 or _blocked_ancestor(default, "postgres") is None:
         return default
-    tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+    tag = hashlib.sha256(f"{state_dir}:{stack_id}".encode()).hexdigest()[:12]
     return Path("/var/tmp") / f"loraplex-stack-{tag}" / "postgres"
 
 

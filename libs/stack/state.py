@@ -76,7 +76,7 @@ class StackState:
             "s3_secret_key": secrets.token_urlsafe(24),
             **nats_secrets(),
         }
-        dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve()))}
+        dirs = {"postgres": str(postgres_dir(config.dir.expanduser().resolve(), secrets.token_hex(6)))}
         return cls(
             ports=ports,
             secrets=creds,

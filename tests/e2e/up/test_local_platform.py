@@ -42,7 +42,8 @@ def home(checkout: Path, base_model_path: Path):
     (home / "models").mkdir(parents=True)
     (home / "models" / base_model_path.name).symlink_to(base_model_path)
     yield home
-    subprocess.run([*LPX, "down"], env=_env(home), capture_output=True, timeout=300)
+    # --purge: as root the stack's PostgreSQL data lives under /var/tmp, outside this temp dir.
+    subprocess.run([*LPX, "down", "--purge"], env=_env(home), capture_output=True, timeout=300)
 
 
 def _env(home: Path) -> dict[str, str]:
