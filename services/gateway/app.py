@@ -73,8 +73,10 @@ class Gateway:
             timeout_s=s.resolve_timeout_s,
             max_entries=s.cache_max_entries,
             refresh_after_s=s.resolve_refresh_after_s if s.resolve_refresh_after_s < s.resolve_ttl_s else None,
+            keep_warm_s=s.resolve_keep_warm_s,
             on_lookup=lambda o: self.metrics.resolve_lookups.add(1, {"outcome": o}),
         )
+        self.cache.start()
         self._events = await self.nc.subscribe(subjects.ADAPTER_EVENTS, cb=self._on_event)
         self._tenant_events = await self.nc.subscribe(subjects.TENANT_EVENTS, cb=self._on_tenant_event)
         self.limiter = TenantLimiter(s.default_limits(), on_throttle=self._throttled)
@@ -117,6 +119,7 @@ class Gateway:
         await self.limit_sync.stop()
         await self.pools.stop()
         await self.dispatcher.stop()
+        await self.cache.stop()
         await self.link.close()
         self.telemetry.shutdown()
         self.started = False

@@ -9,8 +9,14 @@
   (alias moved, version activated, retired or rejected), so a moved alias never serves the old version.
 * When the registry answers `unavailable` (PostgreSQL down) or does not answer in time, the last known
   positive answer is served even past its TTL: serving continues from cache while Postgres is down.
+* Keep-warm: an entry used within `keep_warm_s` is refreshed ahead of its TTL by a background sweep
+  even when no request comes at the moment it is due, so a tenant that pauses between bursts (a
+  minute between batch jobs) does not pay the registry's round trip on its next first request.
+  The cost is one registry request per warm entry per `refresh_after_s`.
 * Concurrent lookups of one key share one request to the registry.
-Cache keys hold a sha256 fingerprint of the API key, never the key itself.
+Cache keys hold a sha256 fingerprint of the API key, never the key itself. To refresh ahead, a warm
+entry holds the request it repeats (which carries the key) in memory, the way a request in flight
+does; it is dropped when the entry has gone unused for `keep_warm_s` or is invalidated, and never logged.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class _Entry:
     positive: bool
     stored_at: float
     asked_at: float = 0.0  # the last background refresh started for it: one per refresh_after_s at most
+    used_at: float = 0.0  # the last lookup it answered
+    ask: tuple | None = None  # (subject, payload, reply type) to refresh it with while warm
 
 
 @dataclass
@@ -75,6 +83,7 @@ class ResolverCache:
         timeout_s: float = 2.0,
         max_entries: int = 100_000,
         refresh_after_s: float | None = None,
+        keep_warm_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         on_lookup: Callable[[str], None] | None = None,
     ) -> None:
@@ -84,6 +93,9 @@ class ResolverCache:
         self.timeout_s = timeout_s
         self.max_entries = max_entries
         self.refresh_after_s = refresh_after_s
+        self.keep_warm_s = keep_warm_s if refresh_after_s is not None else 0.0
+        self._warm: set[tuple] = set()  # keys whose entries hold their `ask`
+        self._sweeper: asyncio.Task | None = None
         self._clock = clock
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._inflight: dict[tuple, asyncio.Future] = {}
@@ -106,6 +118,7 @@ class ResolverCache:
         entry = self._entries.get(key)
         if entry is not None and self._fresh(entry):
             self._entries.move_to_end(key)
+            entry.used_at = self._clock()
             self.stats.hits += 1
             self._on_lookup("hit")
             if self._due_for_refresh(key, entry):
@@ -123,7 +136,7 @@ class ResolverCache:
         self._inflight[key] = future
         try:
             reply = await self._ask(subject, payload, reply_type)
-            reply = self._settle(key, reply, outcome)
+            reply = self._settle(key, reply, outcome, (subject, payload, reply_type))
             future.set_result(reply)
             return reply
         except BaseException as exc:
@@ -160,10 +173,10 @@ class ResolverCache:
         except Exception as exc:
             return _unavailable(reply_type, f"registry did not answer: {type(exc).__name__}")
 
-    def _settle(self, key: tuple, reply, outcome: str = "miss"):
+    def _settle(self, key: tuple, reply, outcome: str, ask: tuple):
         positive = _positive(reply)
         if positive:
-            self._store(key, reply, True)
+            self._store(key, reply, True, ask, used=outcome == "miss")
             self._on_lookup(outcome)
             return reply
         if reply.code == "unavailable":
@@ -183,17 +196,67 @@ class ResolverCache:
         age = self._clock() - entry.stored_at
         return age < (self.ttl_s if entry.positive else self.negative_ttl_s)
 
-    def _store(self, key: tuple, reply, positive: bool) -> None:
-        self._entries[key] = _Entry(reply, positive, self._clock())
+    def _store(self, key: tuple, reply, positive: bool, ask: tuple | None = None, used: bool = True) -> None:
+        """`used`: a lookup is waiting on this answer. A refresh's answer keeps the entry's last use,
+        so that keep-warm ends `keep_warm_s` after the last request, not after the last refresh."""
+        now = self._clock()
+        previous = self._entries.get(key)
+        used_at = previous.used_at if previous is not None and not used else now
+        ask = ask if self.keep_warm_s > 0 and positive else None
+        self._entries[key] = _Entry(reply, positive, now, used_at=used_at, ask=ask)
         self._entries.move_to_end(key)
+        if ask is None:
+            self._warm.discard(key)
+        else:
+            self._warm.add(key)
         while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+            evicted, _ = self._entries.popitem(last=False)
+            self._warm.discard(evicted)
+
+    # --- keep-warm -----------------------------------------------------------------------------
+    def refresh_warm_entries(self) -> int:
+        """Refresh every warm entry that is due; forget the request of those unused for keep_warm_s
+        (they expire at their TTL as before). Returns how many refreshes were started."""
+        now, started = self._clock(), 0
+        for key in list(self._warm):
+            entry = self._entries.get(key)
+            if entry is None or entry.ask is None or now - entry.used_at > self.keep_warm_s:
+                self._warm.discard(key)
+                if entry is not None:
+                    entry.ask = None
+                continue
+            if self._due_for_refresh(key, entry):
+                self._refresh(key, entry, *entry.ask)
+                started += 1
+        return started
+
+    def start(self) -> None:
+        """The keep-warm sweep, when keep_warm_s > 0: every quarter of refresh_after_s (1-5 s)."""
+        if self.keep_warm_s > 0 and self._sweeper is None:
+            every_s = min(max(self.refresh_after_s / 4, 1.0), 5.0)
+            self._sweeper = asyncio.create_task(self._sweep_every(every_s), name="resolver-keep-warm")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._sweeper, *self._refreshing) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sweeper = None
+
+    async def _sweep_every(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.refresh_warm_entries()
+            except Exception:  # a bug here must not end keep-warm for good
+                log.exception("resolver keep-warm sweep failed")
 
     # --- invalidation --------------------------------------------------------------------------
     def invalidate_tenant(self, tenant: str) -> int:
         doomed = [k for k in self._entries if k[1] == tenant]
         for k in doomed:
             del self._entries[k]
+            self._warm.discard(k)
         self.stats.invalidations += len(doomed)
         return len(doomed)
 

@@ -42,6 +42,9 @@ class GatewaySettings(ServiceSettings):
     # A positive answer served once older than this is asked again in the background (hot keys never
     # wait on the registry at their TTL); at or above resolve_ttl_s it never is.
     resolve_refresh_after_s: float = Field(20.0, ge=0)
+    # An answer used within this long is refreshed ahead of its TTL even while no request comes, so a
+    # tenant back after a pause does not wait on the registry (0: only answers hit when due are).
+    resolve_keep_warm_s: float = Field(300.0, ge=0)
     negative_ttl_s: float = Field(2.0, ge=0)
     resolve_timeout_s: float = Field(2.0, gt=0)
     cache_max_entries: int = 100_000

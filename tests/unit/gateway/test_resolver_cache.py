@@ -196,3 +196,67 @@ async def test_refusals_and_invalidated_keys_are_not_refreshed_ahead():
     clock.now = 3
     await cache.resolve("acme", "support", KEY)  # dropped by the event: asked in the foreground
     assert cache.stats.refreshes == 0 and len(reg.calls) == 3
+
+
+async def test_an_answer_used_recently_is_kept_warm_while_no_request_comes():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=20, keep_warm_s=90)
+    await cache.resolve("acme", "support", KEY)
+    for now in (10, 21, 25, 42, 55, 63):  # sweeps; no request between t=0 and t=63
+        clock.now = now
+        cache.refresh_warm_entries()
+        await asyncio.sleep(0)
+    assert cache.stats.refreshes == 3  # at 21 and 42 (each 20 s after the last), then at 63
+    assert len(reg.calls) == 4
+    clock.now = 70  # a request after a 70 s pause: answered from the cache, no registry wait
+    assert (await cache.resolve("acme", "support", KEY)).found
+    assert len(reg.calls) == 4 and cache.stats.misses == 1
+
+
+async def test_keep_warm_ends_after_keep_warm_s_without_use_and_forgets_the_request():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=20, keep_warm_s=30)
+    await cache.resolve("acme", "support", KEY)
+    for now in (21, 31, 42):  # refreshed at 21; unused since t=0, so not again past t=30
+        clock.now = now
+        cache.refresh_warm_entries()
+        await asyncio.sleep(0)
+    assert cache.stats.refreshes == 1
+    assert not cache._warm and all(e.ask is None for e in cache._entries.values())  # the key is let go
+    clock.now = 60  # past the refreshed answer's TTL: asked in the foreground
+    await cache.resolve("acme", "support", KEY)
+    assert cache.stats.misses == 2
+
+
+async def test_a_revoked_key_is_not_kept_warm():
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = make(reg, clock, refresh_after_s=20, keep_warm_s=300)
+    await cache.resolve("acme", "support", KEY)
+    reg.replies["support"] = ResolveReply(found=False, code="unauthorized")
+    clock.now = 21
+    cache.refresh_warm_entries()
+    await asyncio.sleep(0)
+    assert (await cache.resolve("acme", "support", KEY)).code == "unauthorized"  # the refresh's answer
+    clock.now = 45
+    assert cache.refresh_warm_entries() == 0 and not cache._warm
+    event = AdapterEvent(kind="alias_moved", tenant="acme", adapter="support", digest="a" * 64)
+    await cache.resolve("acme", "support", KEY)
+    cache.on_event(event.model_dump_json().encode())
+    assert not cache._warm
+
+
+async def test_the_sweep_runs_in_the_background_and_stops():
+    reg = FakeRegistry()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    cache = ResolverCache(reg, ttl_s=30, refresh_after_s=0.01, keep_warm_s=60)
+    await cache.resolve("acme", "support", KEY)
+    cache.start()
+    await asyncio.sleep(1.3)  # the sweep runs every refresh_after_s / 4, at least every 1 s
+    assert cache.stats.refreshes >= 1
+    await cache.stop()
+    done = cache.stats.refreshes
+    await asyncio.sleep(1.2)
+    assert cache.stats.refreshes == done
