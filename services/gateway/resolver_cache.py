@@ -7,6 +7,8 @@
   are cached for `negative_ttl_s` only, so a new activation shows up quickly even without its event.
 * The registry's lifecycle events (`lpx.events.adapter.>`) drop every entry of the tenant concerned
   (alias moved, version activated, retired or rejected), so a moved alias never serves the old version.
+  An answer that was in flight when its tenant was invalidated goes to the lookups that waited for it
+  but is not cached: the registry may have answered it before the change.
 * When the registry answers `unavailable` (PostgreSQL down) or does not answer in time, the last known
   positive answer is served even past its TTL: serving continues from cache while Postgres is down.
 * Keep-warm: an entry used within `keep_warm_s` is refreshed ahead of its TTL by a background sweep
@@ -71,6 +73,7 @@ class CacheStats:
     stale_served: int = 0
     invalidations: int = 0
     refreshes: int = 0
+    discarded: int = 0  # answers asked for before an invalidation of their tenant: not cached
 
 
 class ResolverCache:
@@ -100,6 +103,9 @@ class ResolverCache:
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._inflight: dict[tuple, asyncio.Future] = {}
         self._refreshing: set[asyncio.Task] = set()  # held: the loop keeps only weak references
+        # Bumped per tenant by each invalidation: an answer asked for before it (a lookup or refresh in
+        # flight when the alias moved) is still handed to its waiters but not cached.
+        self._generation: dict[str, int] = {}
         self._on_lookup = on_lookup or (lambda outcome: None)
         self.stats = CacheStats()
 
@@ -134,8 +140,11 @@ class ResolverCache:
         """Ask the registry once for `key`; lookups of it meanwhile wait on the same answer."""
         future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        generation = self._generation.get(key[1], 0)
         try:
             reply = await self._ask(subject, payload, reply_type)
+            if generation != self._generation.get(key[1], 0):
+                return self._answer_from_before_invalidation(future, reply)
             reply = self._settle(key, reply, outcome, (subject, payload, reply_type))
             future.set_result(reply)
             return reply
@@ -145,6 +154,11 @@ class ResolverCache:
             raise
         finally:
             self._inflight.pop(key, None)
+
+    def _answer_from_before_invalidation(self, future: asyncio.Future, reply):
+        self.stats.discarded += 1
+        future.set_result(reply)
+        return reply
 
     def _due_for_refresh(self, key: tuple, entry: _Entry) -> bool:
         return (
@@ -253,6 +267,7 @@ class ResolverCache:
 
     # --- invalidation --------------------------------------------------------------------------
     def invalidate_tenant(self, tenant: str) -> int:
+        self._generation[tenant] = self._generation.get(tenant, 0) + 1
         doomed = [k for k in self._entries if k[1] == tenant]
         for k in doomed:
             del self._entries[k]

@@ -94,6 +94,24 @@ async def test_events_invalidate_the_tenant_only():
     assert (await cache.resolve("acme", "support", KEY)).adapter.digest == "b" * 64
 
 
+async def test_an_answer_in_flight_when_the_alias_moved_is_not_cached():
+    """The registry answered before the change, the event came first: that answer reaches the lookup
+    that waited for it, but the next lookup asks again instead of serving the old version for a TTL."""
+    reg, clock = FakeRegistry(), Clock()
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
+    reg.slow = 0.05
+    cache = make(reg, clock)
+    lookup = asyncio.create_task(cache.resolve("acme", "support", KEY))
+    await asyncio.sleep(0.01)  # asked; the answer (version 1) is on its way
+    moved = AdapterEvent(kind="alias_moved", tenant="acme", adapter="support", alias="support")
+    cache.on_event(moved.model_dump_json().encode())
+    assert (await lookup).version == 1
+    reg.slow = 0
+    reg.replies["support"] = ResolveReply(found=True, adapter=REF.model_copy(update={"digest": "b" * 64}), version=2)
+    assert (await cache.resolve("acme", "support", KEY)).version == 2
+    assert len(reg.calls) == 2 and cache.stats.discarded == 1
+
+
 async def test_stale_entry_served_while_registry_unavailable_but_not_refusals():
     reg, clock = FakeRegistry(), Clock()
     reg.replies["support"] = ResolveReply(found=True, adapter=REF, version=1)
