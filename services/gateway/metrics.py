@@ -27,6 +27,7 @@ class GatewayMetrics:
     overload_refusals: Counter  # pool: refused at once, the pool could not finish them in time
     fair_wait_s: Histogram  # tenant, tier: time waited for a fair share of a full pool
     token_messages: Counter  # form: batch (one engine step of a worker) or single (one delta)
+    token_gaps: Counter  # streams that missed a delta (core NATS lost it): the rest came with the result
     meter: Meter | None = None
 
     @classmethod
@@ -58,6 +59,10 @@ class GatewayMetrics:
             in_flight=meter.create_up_down_counter("lpx_gateway_in_flight", description="requests awaiting results"),
             token_messages=meter.create_counter(
                 "lpx_gateway_token_messages", description="streamed-token messages received, by form"
+            ),
+            token_gaps=meter.create_counter(
+                "lpx_gateway_token_gaps",
+                description="streams that missed a token delta; their rest was sent with the final result",
             ),
             stage_s=histogram("lpx_gateway_stage", "time per request stage, gateway accept to reply sent"),
             throttled=meter.create_counter("lpx_gateway_throttled", description="requests refused over a tenant limit"),

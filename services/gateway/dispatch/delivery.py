@@ -207,8 +207,19 @@ class Delivery:
 
     def _deliver_token(self, rid: str, delta: TokenDelta) -> None:
         job = self.ledger.jobs.get(rid)
-        if job is None or job.deltas is None or job.rerouted:
-            return  # after a re-route, the rest of the text comes with the final result
+        if job is None or job.deltas is None or job.rerouted or job.next_delta is None:
+            return  # after a re-route or a missed delta, the rest of the text comes with the final result
+        if delta.index != job.next_delta:  # forwarding it would leave a hole in the streamed text
+            log.info(
+                "request %s: token delta %d missed (got %d); the rest streams with its result",
+                rid,
+                job.next_delta,
+                delta.index,
+            )
+            self.metrics.token_gaps.add(1)
+            job.next_delta = None
+            return
+        job.next_delta += 1
         job.deltas.put_nowait(delta)
 
     def abandon(self, job: Job) -> None:

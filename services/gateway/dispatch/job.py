@@ -74,6 +74,9 @@ class Job:
     deltas: DeltaQueue | None = None
     attempts: int = 1
     rerouted: bool = False
+    # The index the next streamed delta must carry; None once one was missed (token deltas are core NATS:
+    # a broker restart can lose some): then the rest of the text comes with the final result.
+    next_delta: int | None = 0
     accepted_at: float = field(default_factory=time.monotonic)
     # Stage timeline stamps (unix seconds; see services.gateway.timeline).
     publish_started_at: float | None = None

@@ -229,6 +229,23 @@ async def test_streaming_events_end_with_the_checked_result():
     assert [e.text for e in events[:-1]] == ["ah", "o", "y"] and isinstance(events[-1], InferenceResult)
 
 
+async def test_a_missed_delta_ends_the_deltas_and_the_result_brings_the_rest():
+    """Token deltas are core NATS: a broker restart can lose one. The deltas after the hole are not
+    forwarded (the streamed text would skip a piece and then differ from the final answer, a 502
+    stream_diverged); what was not streamed comes with the final result."""
+    from libs.contracts import TokenDelta
+
+    d, _, _, reader = make()
+    job = await d.submit(request("r1"), rank=16, stream=True)
+    for i, piece in ((0, "a"), (2, "o"), (3, "y")):  # delta 1 ("h") was lost
+        delta = TokenDelta(request_id="r1", index=i, text=piece).model_dump_json().encode()
+        await d._on_token(Msg(delta, subject=subjects.tokens("r1")))
+    await d._on_result(result("r1", REF.digest))
+    events = [e async for e in d.events(job, time.time() + 5)]
+    assert [e.text for e in events[:-1]] == ["a", "hoy"] and isinstance(events[-1], InferenceResult)
+    assert counter(reader, "lpx_gateway_token_gaps") == 1
+
+
 async def test_streamed_logprobs_are_completed_by_the_final_result():
     from libs.contracts import TokenDelta, TokenLogprob
 
