@@ -114,7 +114,7 @@ async def test_requests_sharing_engine_steps_share_messages():
 
 
 async def test_the_gateway_hands_each_delta_of_a_batch_to_its_request():
-    jobs = {rid: SimpleNamespace(deltas=asyncio.Queue(), rerouted=False) for rid in ("r1", "r2")}
+    jobs = {rid: SimpleNamespace(deltas=asyncio.Queue(), rerouted=False, next_delta=0) for rid in ("r1", "r2")}
     jobs["r2"].rerouted = True  # after a re-route the rest comes with the result
     delivery = object.__new__(Delivery)
     delivery.ledger = SimpleNamespace(jobs=jobs)
