@@ -34,6 +34,7 @@ from libs.contracts import (
     EvaluationResult,
     subjects,
 )
+from libs.contracts.deadline import deadline_headers
 from libs.contracts.parsing import first_error
 from libs.contracts.reports import CheckResult, EvalReport
 from libs.engine import EngineConfig, create_engine
@@ -220,8 +221,12 @@ class EvalGate:
     async def _context(self, event: AdapterEvent) -> EvalContextReply | None:
         request = EvalContextRequest(tenant=event.tenant, adapter=event.adapter, version=event.version, claim=True)
         try:
+            timeout = self.settings.registry_timeout_s
             reply = await self.nc.request(
-                subjects.EVAL_CONTEXT, request.model_dump_json().encode(), timeout=self.settings.registry_timeout_s
+                subjects.EVAL_CONTEXT,
+                request.model_dump_json().encode(),
+                timeout=timeout,
+                headers=deadline_headers(timeout),
             )
             context = EvalContextReply.model_validate_json(reply.data)
         except Exception as exc:

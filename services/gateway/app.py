@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libs.bus.link import BrokerLink
 from libs.contracts import AdapterRef, ChatMessage, InferenceRequest, SamplingParams, TenantLimits, subjects
+from libs.contracts.deadline import deadline_headers
 from libs.telemetry import Telemetry, setup_telemetry
 from services.gateway import errors
 from services.gateway.auth import tenant_of
@@ -125,7 +126,8 @@ class Gateway:
         self.started = False
 
     async def _request(self, subject: str, payload: bytes, timeout: float) -> bytes:
-        return (await self.nc.request(subject, payload, timeout=timeout)).data
+        # The deadline lets the registry skip this request once the gateway no longer waits for it.
+        return (await self.nc.request(subject, payload, timeout=timeout, headers=deadline_headers(timeout))).data
 
     async def _on_event(self, msg) -> None:
         self.cache.on_event(msg.data)

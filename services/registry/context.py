@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from libs.objectstore import ObjectStore
 from services.registry.db import Sessions
+from services.registry.deadlines import Expired
 from services.registry.settings import RegistrySettings
 
 
@@ -40,6 +41,8 @@ class RegistryContext:
     hooks: FaultHooks = field(default_factory=FaultHooks)
     # Tenants' NATS connections (services/registry/nats_access.py); None until the broker is up.
     nats_access: Any = None
+    # Requests skipped because their asker's deadline had passed (services/registry/deadlines.py).
+    expired: Expired = field(default_factory=Expired)
 
 
 def lock_key(digest: str) -> int:

@@ -24,6 +24,7 @@ from services.registry import aliases, lifecycle
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable, transaction
 from services.registry.deadletters import DeadLetters
+from services.registry.deadlines import answer_in_time
 from services.registry.errors import RegistryError
 from services.registry.models import AdapterVersion, BaseModelRow, Dataset
 from services.registry.resolver import QUEUE_GROUP
@@ -107,4 +108,6 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             reason = f"malformed EvalContextRequest: {first_error(exc)}"
             await dead_letters.send(subjects.EVAL_CONTEXT, reason, msg.body, msg.headers)
             return EvalContextReply(found=False, error=reason, code="bad_request")
-        return await eval_context(ctx, request)
+        # Not cut off mid-way: with claim=True it writes (the claim), see answer_in_time.
+        work = eval_context(ctx, request)
+        return await answer_in_time(ctx.expired, subjects.EVAL_CONTEXT, msg.headers, work, cut_off=False)

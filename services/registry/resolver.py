@@ -19,6 +19,7 @@ from services.registry import aliases, keys, tenants
 from services.registry.context import RegistryContext
 from services.registry.db import is_unavailable
 from services.registry.deadletters import DeadLetters
+from services.registry.deadlines import answer_in_time
 from services.registry.errors import RegistryError
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             reason = f"malformed ResolveRequest: {first_error(exc)}"
             await dead_letters.send(subjects.RESOLVE, reason, msg.body, msg.headers)
             return ResolveReply(found=False, error=reason, code="bad_request")
-        return await resolve_request(ctx, request)
+        return await answer_in_time(ctx.expired, subjects.RESOLVE, msg.headers, resolve_request(ctx, request))
 
     @broker.subscriber(subjects.AUTH, queue=QUEUE_GROUP)
     async def on_auth(msg: NatsMessage) -> TenantAuthReply:
@@ -98,4 +99,4 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             reason = f"malformed TenantAuthRequest: {first_error(exc)}"
             await dead_letters.send(subjects.AUTH, reason, msg.body, msg.headers)
             return TenantAuthReply(ok=False, error=reason, code="bad_request")
-        return await auth_request(ctx, request)
+        return await answer_in_time(ctx.expired, subjects.AUTH, msg.headers, auth_request(ctx, request))

@@ -150,15 +150,18 @@ class ServedGateway:
         self.server.should_exit = True
         self.thread.join(30)
 
-    async def wait_workers(self, count: int, timeout: float = 30) -> None:
-        """Until the gateway's pool view has exactly `count` live workers."""
+    async def wait_workers(self, count: int, timeout: float = 30, *, including: tuple[str, ...] = ()) -> None:
+        """Until the gateway's pool view has exactly `count` live workers, among them the ids in `including`.
+        Why the ids: a worker an earlier test drained stays live until its heartbeat is stale, so a count
+        alone can be met by that worker before the new one's first beat (a 503 "no live worker" in CI)."""
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(base_url=self.url) as http:
             while True:
                 seen = (await http.get("/readyz")).json().get("workers")
-                if seen == count:
+                ids = set(self.gateway.pools.live) if self.gateway.started else set()
+                if seen == count and ids.issuperset(including):
                     return
-                assert time.monotonic() < deadline, f"gateway sees {seen} workers, expected {count}"
+                assert time.monotonic() < deadline, f"gateway sees {seen} workers {sorted(ids)}, expected {count}"
                 await asyncio.sleep(0.2)
 
 

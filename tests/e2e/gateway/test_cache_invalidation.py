@@ -22,7 +22,7 @@ async def test_alias_move_invalidates_the_cache(gateway, gateway_registry, tones
     key = await gateway_registry.create_tenant(tenant)
     first = await _push_and_activate(gateway_registry, tenant, "support", tones["pirate"].path)
     await make_worker("gw-move")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-move",))
     async with httpx.AsyncClient(base_url=gateway.url, timeout=240, headers={"Authorization": f"Bearer {key}"}) as http:
 
         async def served_digest() -> str:

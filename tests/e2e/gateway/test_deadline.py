@@ -18,7 +18,7 @@ async def test_deadline_is_504(connections, gateway_registry, tenants, make_work
     served.start()
     try:
         await make_worker("gw-slow")
-        await served.wait_workers(1)
+        await served.wait_workers(1, including=("gw-slow",))
         body = {"model": "support", "max_tokens": 64, "messages": [{"role": "user", "content": "Tell me a story."}]}
         async with httpx.AsyncClient(
             base_url=served.url, timeout=60, headers={"Authorization": f"Bearer {tenants.key_a}"}

@@ -44,7 +44,7 @@ async def set_limits(gateway, registry, tenant: str, body: dict) -> None:
 
 async def test_over_its_rate_a_tenant_gets_rate_limit_error_with_retry_after(gateway, gateway_registry, make_worker):
     await make_worker("gw-limits")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-limits",))
     tenant = f"lim-{uuid.uuid4().hex[:6]}"
     client = oa(gateway, await gateway_registry.create_tenant(tenant))
     for _ in range(3):
@@ -64,7 +64,7 @@ async def test_over_its_rate_a_tenant_gets_rate_limit_error_with_retry_after(gat
 
 async def test_requests_in_flight_are_limited_and_counted_until_answered(gateway, gateway_registry, make_worker):
     await make_worker("gw-limits-c")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-limits-c",))
     tenant = f"conc-{uuid.uuid4().hex[:6]}"
     client = oa(gateway, await gateway_registry.create_tenant(tenant))
     await asyncio.to_thread(ask, client)
@@ -81,7 +81,7 @@ async def test_requests_in_flight_are_limited_and_counted_until_answered(gateway
 
 async def test_a_revoked_key_is_refused_at_once_not_after_the_cache_ttl(gateway, gateway_registry, make_worker):
     await make_worker("gw-revoke")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-revoke",))
     assert gateway.settings.resolve_ttl_s >= 30
     tenant = f"rev-{uuid.uuid4().hex[:6]}"
     key = await gateway_registry.create_tenant(tenant)
@@ -110,7 +110,7 @@ async def test_submissions_over_the_limit_wait_their_turn_and_a_full_queue_refus
     from libs.client import LoraplexClient
 
     await make_worker("gw-limits-s")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-limits-s",))
     tenant = f"subl-{uuid.uuid4().hex[:6]}"
     key = await gateway_registry.create_tenant(tenant)
     await asyncio.to_thread(ask, oa(gateway, key))
@@ -139,7 +139,7 @@ async def test_a_submission_waiting_for_its_limit_ends_401_when_its_key_is_revok
     from libs.client import LoraplexClient
 
     await make_worker("gw-limits-r")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-limits-r",))
     tenant = f"subr-{uuid.uuid4().hex[:6]}"
     key = await gateway_registry.create_tenant(tenant)
     other = await gateway_registry.create_tenant(f"subo-{uuid.uuid4().hex[:6]}")
@@ -165,11 +165,11 @@ async def test_two_gateway_replicas_count_a_tenant_against_the_same_limits(
     from tests.e2e.gateway.conftest import ServedGateway, gateway_settings
 
     await make_worker("gw-limits-2")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-limits-2",))
     second = ServedGateway(gateway_settings(connections, gateway_id="gw-second"))
     second.start()
     try:
-        await second.wait_workers(1)
+        await second.wait_workers(1, including=("gw-limits-2",))
         tenant = f"two-{uuid.uuid4().hex[:6]}"
         key = await gateway_registry.create_tenant(tenant)
         one, two = oa(gateway, key), oa(second, key)

@@ -22,7 +22,7 @@ def oa(gateway, key: str) -> openai.OpenAI:
 
 async def test_openai_client_chat_completions_streaming_models(gateway, tenants, make_worker):
     worker = await make_worker("gw-w1")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-w1",))
     client = oa(gateway, tenants.key_a)
 
     chat = await asyncio.to_thread(client.chat.completions.create, model="support", messages=QUESTION, max_tokens=24)
@@ -81,7 +81,7 @@ def _every_stage_was_timed(gateway) -> None:
 
 async def test_refusals_have_openai_shape_and_status(gateway, tenants, make_worker):
     await make_worker("gw-w2")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-w2",))
     client = oa(gateway, tenants.key_a)
     wrong_secret = tenants.key_a[:-4] + ("0000" if not tenants.key_a.endswith("0000") else "1111")
     for key in ("sk-not-a-loraplex-key", wrong_secret):

@@ -84,7 +84,7 @@ async def vllm_serve(base_model_path, tones, tmp_path_factory):
 
 async def test_logprobs_and_schema_valid_json_from_an_adapter(gateway, tenants, make_worker, connections):
     await make_worker("gw-fid-1")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-fid-1",))
     client = oa(gateway.url, tenants.key_a)
 
     chat = await asyncio.to_thread(
@@ -217,7 +217,7 @@ PARITY_REQUESTS = [
 
 async def test_same_text_and_logprobs_as_vllm_serve(gateway, tenants, make_worker, vllm_serve):
     await make_worker("gw-fid-2")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-fid-2",))
     ours, theirs = oa(gateway.url, tenants.key_a), oa(vllm_serve, "none")
     for kind, params in PARITY_REQUESTS:
         for model in ("support", BASE):

@@ -27,7 +27,7 @@ async def test_cached_aliases_keep_serving_while_postgres_is_down(
     served.start()
     try:
         await make_worker("gw-pgdown")
-        await served.wait_workers(1)
+        await served.wait_workers(1, including=("gw-pgdown",))
         async with httpx.AsyncClient(
             base_url=served.url, timeout=240, headers={"Authorization": f"Bearer {key}"}
         ) as http:

@@ -18,7 +18,7 @@ async def test_submit_result_stream_and_no_double_generation(
     gateway, gateway_registry, tenants, make_worker, stack_nats_url
 ):
     worker = await make_worker("gw-sub")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-sub",))
     # The tenant's own NATS credential: what a tenant's async client has, nothing more.
     creds = await gateway_registry.nats_credential(tenants.a)
     async with LoraplexClient(stack_nats_url, api_key=tenants.key_a, nats_credential=creds) as lpx:

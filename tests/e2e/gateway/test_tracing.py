@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 async def test_one_trace_from_http_to_the_worker(gateway, tenants, make_worker):
     await make_worker("gw-trace")
-    await gateway.wait_workers(1)
+    await gateway.wait_workers(1, including=("gw-trace",))
     # The worker records its spans through the global provider: it must be the recording one.
     assert trace.get_tracer_provider() is gateway.gateway.telemetry.tracer_provider, "another provider is global"
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -9,6 +9,7 @@ import nats
 import pytest
 
 from libs.contracts import ResolveReply, subjects
+from libs.contracts.deadline import deadline_headers
 from tests.integration.registry.events import dead_letters, wait_until
 
 pytestmark = pytest.mark.integration
@@ -55,3 +56,21 @@ async def test_responder_keeps_serving_after_bad_input(registry, connections):
         await nc.drain()
     reply = await request(connections.nats_url, b'{"tenant": "nobody-here", "alias": "x"}')
     assert not reply.found and reply.code == "not_found" and "unknown tenant" in reply.error
+
+
+async def test_a_request_past_its_deadline_gets_no_reply(registry, connections):
+    """A request its asker stopped waiting for (queued behind lookups on a dead database) is skipped: no
+    database work and no reply, which the server would refuse as a Publish Violation past 2 minutes. A
+    request still awaited is answered."""
+    body = b'{"tenant": "nobody-here", "alias": "x"}'
+    before = registry.ctx.expired.skipped.get(subjects.RESOLVE, 0)
+    nc = await nats.connect(connections.nats_url)
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await nc.request(subjects.RESOLVE, body, timeout=3, headers=deadline_headers(-10.0))
+        reply = await nc.request(subjects.RESOLVE, body, timeout=10, headers=deadline_headers(10.0))
+    finally:
+        await nc.drain()
+    assert ResolveReply.model_validate_json(reply.data).code == "not_found"
+    # This module's registry is the only responder on the session broker.
+    assert registry.ctx.expired.skipped.get(subjects.RESOLVE, 0) == before + 1
