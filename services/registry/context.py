@@ -43,6 +43,8 @@ class RegistryContext:
     nats_access: Any = None
     # Requests skipped because their asker's deadline had passed (services/registry/deadlines.py).
     expired: Expired = field(default_factory=Expired)
+    # The broker link (libs.bus), set once the broker is up: responders check their connection with it.
+    link: Any = None
 
 
 def lock_key(digest: str) -> int:

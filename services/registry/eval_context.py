@@ -110,4 +110,4 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             return EvalContextReply(found=False, error=reason, code="bad_request")
         # Not cut off mid-way: with claim=True it writes (the claim), see answer_in_time.
         work = eval_context(ctx, request)
-        return await answer_in_time(ctx.expired, subjects.EVAL_CONTEXT, msg.headers, work, cut_off=False)
+        return await answer_in_time(ctx.expired, subjects.EVAL_CONTEXT, msg.headers, work, cut_off=False, link=ctx.link)

@@ -89,7 +89,9 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             reason = f"malformed ResolveRequest: {first_error(exc)}"
             await dead_letters.send(subjects.RESOLVE, reason, msg.body, msg.headers)
             return ResolveReply(found=False, error=reason, code="bad_request")
-        return await answer_in_time(ctx.expired, subjects.RESOLVE, msg.headers, resolve_request(ctx, request))
+        return await answer_in_time(
+            ctx.expired, subjects.RESOLVE, msg.headers, resolve_request(ctx, request), link=ctx.link
+        )
 
     @broker.subscriber(subjects.AUTH, queue=QUEUE_GROUP)
     async def on_auth(msg: NatsMessage) -> TenantAuthReply:
@@ -99,4 +101,4 @@ def register(broker, ctx: RegistryContext, dead_letters: DeadLetters) -> None:
             reason = f"malformed TenantAuthRequest: {first_error(exc)}"
             await dead_letters.send(subjects.AUTH, reason, msg.body, msg.headers)
             return TenantAuthReply(ok=False, error=reason, code="bad_request")
-        return await answer_in_time(ctx.expired, subjects.AUTH, msg.headers, auth_request(ctx, request))
+        return await answer_in_time(ctx.expired, subjects.AUTH, msg.headers, auth_request(ctx, request), link=ctx.link)

@@ -104,6 +104,7 @@ class RegistryService:
         eval_context.register(self.broker, self.ctx, dead_letters)
         await self.broker.start()
         await self.link.attach(self.broker.config.connection_state.connection)
+        self.ctx.link = self.link
         # JetStream work (verdicts, usage) goes through the one pull loop; FastStream serves the
         # request/reply subjects (resolve, auth, eval context): see libs.bus.
         self._consumers = [

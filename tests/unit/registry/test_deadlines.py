@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from faststream.exceptions import SkipMessage
@@ -63,3 +64,35 @@ async def test_the_works_own_timeout_is_not_taken_for_the_deadline():
 
     with pytest.raises(TimeoutError, match="database connect"):
         await answer_in_time(Expired(), "s", deadline_headers(5.0), fails())
+
+
+class _Client:
+    """The two things of a nats-py client the check reads."""
+
+    def __init__(self) -> None:
+        self.is_connected = True
+        self.stats = {"reconnects": 0}
+
+
+async def test_no_reply_when_the_connection_the_request_came_on_was_lost_meanwhile():
+    """The server grants the reply right to the connection that got the request; nats-py would send a
+    reply written during a reconnect on the new one, to be refused (a Publish Violation)."""
+    link = SimpleNamespace(nc=_Client())
+
+    async def work_across(event):
+        event(link.nc)
+        return "answer"
+
+    def reconnected(nc):
+        nc.stats["reconnects"] += 1
+
+    def reconnecting(nc):
+        nc.is_connected = False
+
+    expired = Expired()
+    for event in (reconnected, reconnecting):
+        with pytest.raises(SkipMessage):
+            await answer_in_time(expired, "s", deadline_headers(5.0), work_across(event), link=link)
+    assert expired.skipped == {"s": 2}
+    link.nc.is_connected = True
+    assert await answer_in_time(expired, "s", None, work_across(lambda nc: None), link=link) == "answer"
