@@ -43,10 +43,10 @@ class GatewaySettings(ServiceSettings):
     # wait on the registry at their TTL); at or above resolve_ttl_s it never is.
     resolve_refresh_after_s: float = Field(20.0, ge=0)
     # An answer used within this long is refreshed ahead of its TTL even while no request comes, so a
-    # tenant back after a pause does not wait on the registry (0: only answers hit when due are). Off by
-    # default for now: the one CI run after it came on (300 s) saw the registry user refused one reply
-    # (a NATS Publish Violation on an _INBOX subject), cause not found yet; see issue 31's notes.
-    resolve_keep_warm_s: float = Field(0.0, ge=0)
+    # tenant back after a pause does not wait on the registry (0: only answers hit when due are). It was
+    # off for a while: one CI run with it on saw the registry refused one reply (a NATS Publish Violation).
+    # The registry now sends no reply the server would refuse (services/registry/deadlines.py).
+    resolve_keep_warm_s: float = Field(300.0, ge=0)
     negative_ttl_s: float = Field(2.0, ge=0)
     resolve_timeout_s: float = Field(2.0, gt=0)
     cache_max_entries: int = 100_000
