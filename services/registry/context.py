@@ -41,7 +41,7 @@ class RegistryContext:
     hooks: FaultHooks = field(default_factory=FaultHooks)
     # Tenants' NATS connections (services/registry/nats_access.py); None until the broker is up.
     nats_access: Any = None
-    # Requests skipped because their asker's deadline had passed (services/registry/deadlines.py).
+    # Requests left unanswered: past their asker's deadline, or their connection lost (registry/deadlines.py).
     expired: Expired = field(default_factory=Expired)
     # The broker link (libs.bus), set once the broker is up: responders check their connection with it.
     link: Any = None
